@@ -1,0 +1,304 @@
+//! [`Client`]: the connections, the hub, the watchdog and the client's unique id.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use fred::interfaces::ClientLike;
+use fred::prelude::{Builder as FredBuilder, Config as FredConfig, ReconnectPolicy};
+use fred::types::config::TcpConfig;
+
+use crate::config::{redact_url, Builder, Config};
+use crate::hub::Hub;
+use crate::scripts::Scripts;
+use crate::watchdog::{self, Watchdog};
+use crate::{Error, Lock, Result};
+
+/// A connection to Redis that hands out [`Lock`]s.
+///
+/// A client owns one command connection (per node), one subscriber connection shared by all
+/// its waiters (the hub), one watchdog task renewing all its leases, and a random UUID (v4)
+/// that, with an owner number, names each hold in Redis. Cloning is cheap and shares all of
+/// it. Call [`shutdown`](Client::shutdown) when done.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<ClientInner>,
+}
+
+pub(crate) struct ClientInner {
+    pub(crate) id: String,
+    pub(crate) redis: fred::clients::Client,
+    pub(crate) hub: Arc<Hub>,
+    pub(crate) watchdog: Arc<Watchdog>,
+    pub(crate) scripts: Scripts,
+    pub(crate) config: Config,
+    pub(crate) runtime: tokio::runtime::Handle,
+    closed: AtomicBool,
+}
+
+impl ClientInner {
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn publish_command(&self) -> &'static str {
+        self.config.pubsub.publish_command()
+    }
+
+    /// Maps a fred error for the lock `name`.
+    pub(crate) fn error(&self, err: fred::error::Error, name: &str) -> Error {
+        Error::from_redis(err, name, self.config.command_timeout)
+    }
+}
+
+impl Drop for ClientInner {
+    fn drop(&mut self) {
+        // Dropped without shutdown(): stop the background tasks and connections.
+        self.watchdog.stop();
+        if !self.is_closed() {
+            let redis = self.redis.clone();
+            let hub = self.hub.clone();
+            self.runtime.spawn(async move {
+                hub.shutdown().await;
+                let _ = redis.quit().await;
+            });
+        }
+    }
+}
+
+/// URL schemes fred understands; anything else is refused before any lookup happens.
+const SCHEMES: &[&str] = &[
+    "redis",
+    "rediss",
+    "redis-cluster",
+    "rediss-cluster",
+    "redis-sentinel",
+    "rediss-sentinel",
+    "redis+unix",
+    "valkey",
+    "valkeys",
+];
+
+fn fred_builder(config: &Config) -> Result<FredBuilder> {
+    let scheme = config.url.split_once("://").map(|(s, _)| s);
+    if !scheme.is_some_and(|s| SCHEMES.contains(&s)) {
+        return Err(Error::InvalidArgument(format!(
+            "bad Redis URL {}: the scheme must be one of {}",
+            redact_url(&config.url),
+            SCHEMES.join(", ")
+        )));
+    }
+    let fred_config = FredConfig::from_url(&config.url).map_err(|e| {
+        Error::InvalidArgument(format!(
+            "bad Redis URL {}: {}",
+            redact_url(&config.url),
+            e.details()
+        ))
+    })?;
+    let mut builder = FredBuilder::from_config(fred_config);
+    let command_timeout = config.command_timeout;
+    let connect_timeout = config.connect_timeout;
+    builder
+        .with_connection_config(|c| {
+            c.connection_timeout = connect_timeout;
+            c.internal_command_timeout = command_timeout;
+            // Never re-send a command whose reply was lost: a lock or unlock script must not
+            // run twice (DESIGN.md invariant 11).
+            c.max_command_attempts = 1;
+            c.tcp = TcpConfig {
+                nodelay: Some(true),
+                ..TcpConfig::default()
+            };
+        })
+        .with_performance_config(|p| {
+            // fred's default is no timeout at all (invariant 12).
+            p.default_command_timeout = command_timeout;
+            // fred's default of 32 lags (and drops messages) under bursts of unlocks.
+            p.broadcast_channel_capacity = 4096;
+        })
+        // fred's builder has no reconnect policy by default: a dropped connection would stay
+        // dropped.
+        .set_policy(ReconnectPolicy::new_exponential(
+            0,
+            50,
+            config.reconnect_max_delay.as_millis().max(50) as u32,
+            2,
+        ));
+    Ok(builder)
+}
+
+impl Client {
+    /// Connects with default settings to `url` (see [`Config::url`] for the forms).
+    ///
+    /// ```no_run
+    /// # async fn run() -> redbaton::Result<()> {
+    /// let client = redbaton::Client::connect("redis://127.0.0.1:6379").await?;
+    /// let lock = client.lock("order:42");
+    /// let guard = lock.lock().await?;
+    /// guard.unlock().await?;
+    /// client.shutdown().await
+    /// # }
+    /// ```
+    pub async fn connect(url: &str) -> Result<Client> {
+        Client::connect_with(Config::new(url)).await
+    }
+
+    /// Starts a [`Builder`] for settings beyond the URL.
+    pub fn builder() -> Builder {
+        Builder::new()
+    }
+
+    /// Connects with `config`.
+    pub async fn connect_with(config: Config) -> Result<Client> {
+        config.validate()?;
+        let builder = fred_builder(&config)?;
+        let where_ = redact_url(&config.url);
+        let connect_error =
+            |e: fred::error::Error| match Error::from_redis(e, "", config.connect_timeout) {
+                Error::Auth(detail) => Error::Auth(format!("{where_}: {detail}")),
+                Error::Timeout(_) => Error::Connection(format!(
+                    "{where_}: no connection within {:?}",
+                    config.connect_timeout
+                )),
+                Error::Connection(detail) | Error::Redis(detail) => {
+                    Error::Connection(format!("{where_}: {detail}"))
+                }
+                other => other,
+            };
+        let init_timeout = config.connect_timeout + config.command_timeout;
+        let connect_timed_out =
+            || Error::Connection(format!("{where_}: no connection within {init_timeout:?}"));
+
+        let redis = builder.build().map_err(connect_error)?;
+        match tokio::time::timeout(init_timeout, redis.init()).await {
+            Ok(Ok(_task)) => {}
+            Ok(Err(e)) => {
+                let _ = redis.quit().await;
+                return Err(connect_error(e));
+            }
+            Err(_) => {
+                let _ = redis.quit().await;
+                return Err(connect_timed_out());
+            }
+        }
+        let scripts = Scripts::new();
+        if let Err(e) = scripts.load_all(&redis).await {
+            let _ = redis.quit().await;
+            return Err(connect_error(e));
+        }
+        let subscriber = builder.build_subscriber_client().map_err(connect_error)?;
+        let hub =
+            match tokio::time::timeout(init_timeout, Hub::start(subscriber, config.pubsub)).await {
+                Ok(Ok(hub)) => hub,
+                Ok(Err(e)) => {
+                    let _ = redis.quit().await;
+                    return Err(connect_error(e));
+                }
+                Err(_) => {
+                    let _ = redis.quit().await;
+                    return Err(connect_timed_out());
+                }
+            };
+
+        let watchdog = Arc::new(Watchdog::new(config.watchdog_lease));
+        let inner = Arc::new(ClientInner {
+            id: uuid::Uuid::new_v4().to_string(),
+            redis,
+            hub,
+            watchdog: watchdog.clone(),
+            scripts,
+            config,
+            runtime: tokio::runtime::Handle::current(),
+            closed: AtomicBool::new(false),
+        });
+        tokio::spawn(watchdog::run(Arc::downgrade(&inner), watchdog));
+        tracing::debug!(client = %inner.id, url = %redact_url(&inner.config.url), "connected");
+        Ok(Client { inner })
+    }
+
+    /// A handle on the lock called `name` (cheap; nothing is sent until it is used).
+    ///
+    /// Any non-empty string of up to 64 KiB is a valid name; others make every operation
+    /// return [`Error::InvalidArgument`].
+    pub fn lock(&self, name: impl AsRef<str>) -> Lock {
+        Lock::new(self.inner.clone(), name.as_ref())
+    }
+
+    /// This client's unique id: the first half of every owner field it writes.
+    pub fn id(&self) -> &str {
+        &self.inner.id
+    }
+
+    /// The settings this client runs with.
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    /// The underlying fred client, for commands redbaton does not wrap.
+    pub fn redis(&self) -> &fred::clients::Client {
+        &self.inner.redis
+    }
+
+    /// Stops the watchdog and the subscriber and closes the connections.
+    ///
+    /// Locks still held are released explicitly (each one logged at `warn`), their guards
+    /// report [`lost`](crate::LockGuard::lost), and waiting `lock()` calls return
+    /// [`Error::ShutDown`]. Every later operation returns [`Error::ShutDown`]. Calling it
+    /// twice is harmless.
+    pub async fn shutdown(&self) -> Result<()> {
+        let inner = &self.inner;
+        if inner.closed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        inner.watchdog.stop();
+        let mut first_error = None;
+        for (hold, guards) in inner.watchdog.drain() {
+            let released = inner
+                .scripts
+                .release_owner(
+                    &inner.redis,
+                    &hold.key,
+                    &hold.channel,
+                    &hold.owner,
+                    inner.publish_command(),
+                )
+                .await;
+            match released {
+                Ok(true) => {
+                    tracing::warn!(key = %hold.key, owner = %hold.owner, guards, "shutdown released a lock still held")
+                }
+                Ok(false) => {
+                    tracing::warn!(key = %hold.key, owner = %hold.owner, "shutdown found a held lock already gone")
+                }
+                Err(e) => {
+                    tracing::warn!(key = %hold.key, error = %e, "shutdown could not release a lock; it expires with its lease");
+                    first_error.get_or_insert(inner.error(e, &hold.key));
+                }
+            }
+            hold.mark_lost("client shut down");
+        }
+        inner.hub.shutdown().await;
+        if let Err(e) = inner.redis.quit().await {
+            tracing::debug!(error = %e, "quit");
+        }
+        tracing::debug!(client = %inner.id, "shut down");
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// The default watchdog lease of this client.
+    pub fn watchdog_lease(&self) -> Duration {
+        self.inner.watchdog.lease()
+    }
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("id", &self.inner.id)
+            .field("config", &self.inner.config)
+            .finish()
+    }
+}

@@ -1,0 +1,89 @@
+//! The one error type of the crate.
+
+use std::time::Duration;
+
+/// Everything that can go wrong with a lock, as variants a caller can match on.
+///
+/// Messages never contain a password: connection errors name the server only.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The caller does not hold the lock it tried to release: it expired, was force-unlocked,
+    /// was lost by the watchdog, or was never taken by this owner.
+    #[error("lock {name:?} is not held by this owner (expired, force-unlocked or never taken)")]
+    NotHeld {
+        /// The lock's name.
+        name: String,
+    },
+    /// The key exists but is not a lock: another Redis type, or a hash without the expiry
+    /// every lock carries.
+    #[error("key {name:?} is not a lock: {detail}")]
+    WrongType {
+        /// The lock's name.
+        name: String,
+        /// What Redis or the check said.
+        detail: String,
+    },
+    /// An argument was refused before anything was sent to Redis.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// Redis could not be reached, or the connection broke while a command was in flight.
+    #[error("connection error: {0}")]
+    Connection(String),
+    /// A round trip took longer than the configured command timeout.
+    #[error("timed out after {0:?} waiting for Redis")]
+    Timeout(Duration),
+    /// Redis refused the credentials (or the ACL user lacks a permission).
+    #[error("authentication refused: {0}")]
+    Auth(String),
+    /// Any other error reply from Redis.
+    #[error("redis error: {0}")]
+    Redis(String),
+    /// The client was shut down; it sends nothing more.
+    #[error("the client was shut down")]
+    ShutDown,
+}
+
+/// The crate's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// Maps a fred error to ours. `timeout` is the configured command timeout, quoted in
+    /// [`Error::Timeout`].
+    pub(crate) fn from_redis(err: fred::error::Error, name: &str, timeout: Duration) -> Self {
+        use fred::error::ErrorKind;
+        let details = err.details();
+        if details.contains("WRONGTYPE") {
+            return Error::WrongType {
+                name: name.to_owned(),
+                detail: details.trim_start_matches("WRONGTYPE ").to_owned(),
+            };
+        }
+        if details.starts_with("NOAUTH")
+            || details.starts_with("WRONGPASS")
+            || details.starts_with("NOPERM")
+        {
+            return Error::Auth(details.to_owned());
+        }
+        match err.kind() {
+            ErrorKind::Timeout => Error::Timeout(timeout),
+            ErrorKind::Auth => Error::Auth(details.to_owned()),
+            ErrorKind::IO
+            | ErrorKind::Canceled
+            | ErrorKind::Routing
+            | ErrorKind::Cluster
+            | ErrorKind::Sentinel
+            | ErrorKind::Tls
+            | ErrorKind::Protocol => Error::Connection(format!("{:?}: {details}", err.kind())),
+            ErrorKind::Config | ErrorKind::Url | ErrorKind::InvalidArgument => {
+                Error::InvalidArgument(details.to_owned())
+            }
+            _ => Error::Redis(details.to_owned()),
+        }
+    }
+
+    /// Whether retrying later may succeed: the server was unreachable or slow.
+    pub(crate) fn is_transient(&self) -> bool {
+        matches!(self, Error::Connection(_) | Error::Timeout(_))
+    }
+}

@@ -1,0 +1,63 @@
+//! # redbaton
+//!
+//! Reentrant distributed locks on Redis, compatible with Redisson's `RLock`: Java services
+//! using Redisson and Rust services using redbaton share locks by name.
+//!
+//! - **Reentrant**: a hash of owner id → reentry count, changed by Lua scripts; nested
+//!   `lock()` calls in one tokio task re-enter.
+//! - **Waiting costs Redis almost nothing**: waiters park on one shared subscriber connection
+//!   per [`Client`] and are woken, one at a time, by the unlock message; the lock's remaining
+//!   lease bounds every wait, so a lost message never hangs anyone.
+//! - **Leases end**: a crashed holder's lock expires; a live holder's lease is renewed by one
+//!   watchdog task per client, and a guard tells its holder when the lease was lost.
+//!
+//! ```no_run
+//! # async fn run() -> redbaton::Result<()> {
+//! let client = redbaton::Client::connect("redis://127.0.0.1:6379").await?;
+//! let lock = client.lock("order:42");
+//! let guard = lock.lock().await?;
+//! // ... the critical section ...
+//! guard.unlock().await?;
+//! client.shutdown().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! See [`Lock`] for the semantics and cancellation safety, [`LockGuard`] for release and lost
+//! leases, and [`Config`] for settings.
+
+#![warn(missing_docs)]
+
+mod client;
+mod config;
+mod error;
+mod guard;
+mod hub;
+mod lock;
+mod owner;
+mod scripts;
+mod watchdog;
+
+pub use client::Client;
+pub use config::{
+    Builder, Config, PubSubMode, DEFAULT_WATCHDOG_LEASE, MAX_LEASE, MIN_WATCHDOG_LEASE,
+};
+pub use error::{Error, Result};
+pub use guard::LockGuard;
+pub use lock::{Lock, MAX_NAME_LEN};
+pub use owner::Owner;
+
+#[cfg(test)]
+mod assertions {
+    fn send_static<T: Send + 'static>() {}
+    fn sync<T: Sync>() {}
+
+    #[test]
+    fn public_types_move_between_tasks() {
+        send_static::<crate::LockGuard>();
+        send_static::<crate::Lock>();
+        send_static::<crate::Error>();
+        send_static::<crate::Client>();
+        sync::<crate::Lock>();
+        sync::<crate::Client>();
+    }
+}

@@ -1,0 +1,696 @@
+//! The core lock against a real redis-server: reentry, exclusion, wake-ups, leases,
+//! the watchdog, lost leases, ownership, scripts, wrong types, cancellation, wire layout.
+
+mod support;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fred::prelude::*;
+use redbaton::{Client, Error};
+use support::{command_calls, eventually, numsub, RedisServer};
+
+async fn client(server: &RedisServer) -> Client {
+    Client::connect(&server.url()).await.unwrap()
+}
+
+async fn short_lease_client(server: &RedisServer, lease: Duration) -> Client {
+    Client::builder()
+        .url(server.url())
+        .watchdog_lease(lease)
+        .connect()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn reentry_counts_up_and_down_and_the_key_goes() {
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let client = client(&server).await;
+    let lock = client.lock("reentry");
+    assert_eq!(lock.hold_count().await.unwrap(), 0);
+    let g1 = lock.lock().await.unwrap();
+    assert_eq!(lock.hold_count().await.unwrap(), 1);
+    let g2 = lock.lock().await.unwrap();
+    let g3 = lock.try_lock().await.unwrap().expect("same task re-enters");
+    assert_eq!(lock.hold_count().await.unwrap(), 3);
+    assert!(lock.is_held_by_current_task().await.unwrap());
+    g3.unlock().await.unwrap();
+    assert_eq!(lock.hold_count().await.unwrap(), 2);
+    g2.unlock().await.unwrap();
+    assert_eq!(lock.hold_count().await.unwrap(), 1);
+    assert!(lock.is_locked().await.unwrap());
+    g1.unlock().await.unwrap();
+    assert_eq!(lock.hold_count().await.unwrap(), 0);
+    assert!(!lock.is_locked().await.unwrap());
+    let exists: i64 = raw.exists("reentry").await.unwrap();
+    assert_eq!(exists, 0, "the key is deleted at count 0");
+    client.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn wire_layout_matches_redisson() {
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let client = client(&server).await;
+    let lock = client.lock("order:42");
+    assert_eq!(lock.channel(), "redisson_lock__channel:{order:42}");
+    assert_eq!(
+        client.lock("{user}:1").channel(),
+        "redisson_lock__channel:{user}:1"
+    );
+    let guard = lock.lock().await.unwrap();
+    let _again = lock.lock().await.unwrap();
+    let fields: HashMap<String, i64> = raw.hgetall("order:42").await.unwrap();
+    assert_eq!(fields.len(), 1);
+    let (field, count) = fields.into_iter().next().unwrap();
+    assert_eq!(count, 2);
+    let (uuid, number) = field.rsplit_once(':').unwrap();
+    assert_eq!(uuid, client.id());
+    assert_eq!(uuid::Uuid::parse_str(uuid).unwrap().get_version_num(), 4);
+    number.parse::<u64>().expect("owner number is decimal");
+    assert_eq!(field, guard.owner().to_string());
+    let pttl: i64 = raw.pttl("order:42").await.unwrap();
+    assert!(
+        pttl > 25_000 && pttl <= 30_000,
+        "watchdog lease 30 s, got {pttl}"
+    );
+
+    // The release publishes "0" on the channel.
+    let subscriber = Builder::from_config(Config::from_url(&server.url()).unwrap())
+        .build_subscriber_client()
+        .unwrap();
+    subscriber.init().await.unwrap();
+    let mut messages = subscriber.message_rx();
+    subscriber.subscribe(lock.channel()).await.unwrap();
+    let _: Value = subscriber.ping(None).await.unwrap();
+    drop(_again);
+    guard.unlock().await.unwrap();
+    let message = tokio::time::timeout(Duration::from_secs(5), messages.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&*message.channel, "redisson_lock__channel:{order:42}");
+    assert_eq!(message.value.as_str().as_deref(), Some("0"));
+    client.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn redisson_written_lock_excludes_and_wakes_us() {
+    // A hold written exactly as Redisson writes it (HINCRBY + PEXPIRE, field uuid:thread)
+    // excludes us; Redisson's release (DEL + PUBLISH "0") wakes us.
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let _: () = raw
+        .hset("shared", ("157ddcf5-0cc2-445d-bdea-98160a459bd5:1", 1))
+        .await
+        .unwrap();
+    let _: () = raw.pexpire("shared", 30_000, None).await.unwrap();
+    let client = client(&server).await;
+    let lock = client.lock("shared");
+    assert!(lock.try_lock().await.unwrap().is_none());
+    let waiter = {
+        let lock = lock.clone();
+        tokio::spawn(async move {
+            let start = Instant::now();
+            let guard = lock.lock().await.unwrap();
+            let waited = start.elapsed();
+            guard.unlock().await.unwrap();
+            waited
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let _: i64 = raw.del("shared").await.unwrap();
+    let _: i64 = raw
+        .publish("redisson_lock__channel:{shared}", "0")
+        .await
+        .unwrap();
+    let waited = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("woken by the message, not the 30 s lease")
+        .unwrap();
+    assert!(waited < Duration::from_secs(5));
+    client.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn two_clients_exclude_each_other() {
+    let server = RedisServer::start();
+    let a = client(&server).await;
+    let b = client(&server).await;
+    let held = a.lock("excl").lock().await.unwrap();
+    assert!(b.lock("excl").try_lock().await.unwrap().is_none());
+    assert_eq!(b.lock("excl").hold_count().await.unwrap(), 0);
+    assert!(b.lock("excl").is_locked().await.unwrap());
+    assert!(!b.lock("excl").is_held_by_current_task().await.unwrap());
+    held.unlock().await.unwrap();
+    let got = b.lock("excl").try_lock().await.unwrap().expect("free now");
+    got.unlock().await.unwrap();
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_tasks_of_one_process_wait() {
+    let server = RedisServer::start();
+    let client = client(&server).await;
+    let lock = client.lock("tasks");
+    let guard = lock.lock().await.unwrap();
+    let other = {
+        let lock = lock.clone();
+        tokio::spawn(async move { lock.try_lock().await.unwrap().is_some() })
+    };
+    assert!(!other.await.unwrap(), "another task must not re-enter");
+    guard.unlock().await.unwrap();
+    client.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counter_is_exact_under_contention() {
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let clients = [client(&server).await, client(&server).await];
+    let mut tasks = Vec::new();
+    for t in 0..8 {
+        let lock = clients[t % 2].lock("counter-lock");
+        let raw = raw.clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..20 {
+                let guard = lock.lock().await.unwrap();
+                // Non-atomic read-modify-write: only mutual exclusion keeps it exact.
+                let v: Option<i64> = raw.get("counter").await.unwrap();
+                tokio::time::sleep(Duration::from_micros(200)).await;
+                let _: () = raw
+                    .set("counter", v.unwrap_or(0) + 1, None, None, false)
+                    .await
+                    .unwrap();
+                guard.unlock().await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let v: i64 = raw.get("counter").await.unwrap();
+    assert_eq!(v, 160);
+    for c in clients {
+        c.shutdown().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_are_woken_by_unlock_without_polling() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let holder = client(&server).await;
+    let waiter_client = client(&server).await;
+    let guard = holder.lock("wake").lock().await.unwrap();
+    let before = command_calls(&raw).await;
+    let waiter = {
+        let lock = waiter_client.lock("wake");
+        tokio::spawn(async move {
+            let guard = lock.lock().await.unwrap();
+            let acquired_at = Instant::now();
+            guard.unlock().await.unwrap();
+            acquired_at
+        })
+    };
+    // Parked for 1.5 s against a 30 s lease: a poller would show many attempts.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let released_at = Instant::now();
+    guard.unlock().await.unwrap();
+    let acquired_at = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    let handoff = acquired_at.duration_since(released_at);
+    assert!(handoff < Duration::from_secs(1), "wake-up took {handoff:?}");
+    let after = command_calls(&raw).await;
+    let delta = |c: &str| after.get(c).copied().unwrap_or(0) - before.get(c).copied().unwrap_or(0);
+    // waiter: attempt, subscribe + ping, re-check, attempt after wake, unlock;
+    // holder: unlock; plus the INFO call itself.
+    assert!(delta("evalsha") <= 5, "evalsha calls {}", delta("evalsha"));
+    assert_eq!(delta("subscribe"), 1);
+    holder.shutdown().await.unwrap();
+    waiter_client.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn try_lock_for_times_out_near_its_deadline() {
+    let server = RedisServer::start();
+    let a = client(&server).await;
+    let b = client(&server).await;
+    let _held = a.lock("deadline").lock().await.unwrap();
+    let start = Instant::now();
+    let got = b
+        .lock("deadline")
+        .try_lock_for(Duration::from_millis(700))
+        .await
+        .unwrap();
+    let took = start.elapsed();
+    assert!(got.is_none());
+    assert!(
+        took >= Duration::from_millis(700) && took < Duration::from_millis(2000),
+        "took {took:?}"
+    );
+    // Zero wait is one attempt; Duration::MAX does not overflow.
+    assert!(b
+        .lock("deadline")
+        .try_lock_for(Duration::ZERO)
+        .await
+        .unwrap()
+        .is_none());
+    let lock = b.lock("deadline");
+    let forever =
+        tokio::spawn(async move { lock.try_lock_for(Duration::MAX).await.map(|g| g.is_some()) });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    drop(_held);
+    assert!(tokio::time::timeout(Duration::from_secs(5), forever)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap());
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn fixed_lease_expires_and_frees_the_lock() {
+    let server = RedisServer::start();
+    let a = client(&server).await;
+    let b = client(&server).await;
+    let guard = a
+        .lock("lease")
+        .lock_with_lease(Duration::from_millis(500))
+        .await
+        .unwrap();
+    let ttl = a.lock("lease").remaining_ttl().await.unwrap().unwrap();
+    assert!(ttl <= Duration::from_millis(500));
+    let start = Instant::now();
+    let got = b
+        .lock("lease")
+        .try_lock_for(Duration::from_secs(5))
+        .await
+        .unwrap()
+        .expect("free after the lease");
+    let took = start.elapsed();
+    assert!(took < Duration::from_millis(1500), "took {took:?}");
+    // The old guard is lost by its own clock and must not release b's hold.
+    assert!(guard.is_lost());
+    tokio::time::timeout(Duration::from_secs(1), guard.lost())
+        .await
+        .unwrap();
+    assert!(matches!(guard.unlock().await, Err(Error::NotHeld { .. })));
+    assert!(b.lock("lease").is_locked().await.unwrap());
+    got.unlock().await.unwrap();
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn stopped_renewal_lets_the_lease_expire() {
+    // A holder whose runtime dies (no unlock, no shutdown, no renewal) loses the lock after
+    // its lease: the crash case in-process.
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let url = server.url();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async {
+            let holder = Client::builder()
+                .url(url)
+                .watchdog_lease(Duration::from_millis(600))
+                .connect()
+                .await
+                .unwrap();
+            std::mem::forget(holder.lock("expire").lock().await.unwrap());
+        });
+        drop(rt); // every task of the holder, its watchdog included, stops here
+    })
+    .join()
+    .unwrap();
+    let start = Instant::now();
+    let exists: i64 = raw.exists("expire").await.unwrap();
+    assert_eq!(exists, 1);
+    assert!(
+        eventually(Duration::from_secs(3), || async {
+            let n: i64 = raw.exists("expire").await.unwrap();
+            n == 0
+        })
+        .await
+    );
+    assert!(start.elapsed() < Duration::from_millis(1500));
+}
+
+#[tokio::test]
+async fn watchdog_keeps_the_lock_past_several_leases() {
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let lease = Duration::from_millis(500);
+    let a = short_lease_client(&server, lease).await;
+    let b = client(&server).await;
+    let guard = a.lock("renewed").lock().await.unwrap();
+    tokio::time::sleep(lease * 4).await;
+    assert!(!guard.is_lost());
+    assert!(b.lock("renewed").try_lock().await.unwrap().is_none());
+    let pttl: i64 = raw.pttl("renewed").await.unwrap();
+    assert!(pttl > 0 && pttl <= 500, "pttl {pttl}");
+    guard.unlock().await.unwrap();
+    // After release nothing renews it back into existence.
+    tokio::time::sleep(lease).await;
+    let exists: i64 = raw.exists("renewed").await.unwrap();
+    assert_eq!(exists, 0);
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn lost_fires_after_force_unlock_by_another_client() {
+    let server = RedisServer::start();
+    let lease = Duration::from_millis(600);
+    let a = short_lease_client(&server, lease).await;
+    let b = client(&server).await;
+    let guard = a.lock("forced").lock().await.unwrap();
+    assert!(!guard.is_lost());
+    assert!(b.lock("forced").force_unlock().await.unwrap());
+    assert!(
+        !b.lock("forced").force_unlock().await.unwrap(),
+        "already free"
+    );
+    // Told within one renewal period (lease / 3), allow slack.
+    tokio::time::timeout(lease, guard.lost())
+        .await
+        .expect("lost() resolves after force_unlock");
+    assert!(guard.is_lost());
+    // A lost guard sends nothing: a new hold of the same task survives its unlock.
+    let again = a.lock("forced").lock().await.unwrap();
+    assert!(matches!(guard.unlock().await, Err(Error::NotHeld { .. })));
+    assert_eq!(a.lock("forced").hold_count().await.unwrap(), 1);
+    again.unlock().await.unwrap();
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn unlock_by_a_non_owner_is_refused() {
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let a = client(&server).await;
+    let b = client(&server).await;
+    let guard = a.lock("mine").lock().await.unwrap();
+    // b pretends to be some other owner of its own: refused, nothing changes.
+    let other: redbaton::Owner = format!("{}:1", b.id()).parse().unwrap();
+    let as_other = b.lock("mine").with_owner(other);
+    assert!(as_other.try_lock().await.unwrap().is_none());
+    let fields: HashMap<String, i64> = raw.hgetall("mine").await.unwrap();
+    assert_eq!(fields.len(), 1);
+    // Releasing a guard whose hold was removed underneath is NotHeld, never a delete.
+    let _: i64 = raw.del("mine").await.unwrap();
+    let _: () = raw.hset("mine", ("someone-else:9", 1)).await.unwrap();
+    let _: () = raw.pexpire("mine", 30_000, None).await.unwrap();
+    assert!(matches!(guard.unlock().await, Err(Error::NotHeld { .. })));
+    let fields: HashMap<String, i64> = raw.hgetall("mine").await.unwrap();
+    assert_eq!(fields.get("someone-else:9"), Some(&1));
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn scripts_are_reloaded_after_script_flush() {
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let client = client(&server).await;
+    let lock = client.lock("flushed");
+    lock.lock().await.unwrap().unlock().await.unwrap();
+    let _: () = raw.script_flush(false).await.unwrap();
+    let guard = lock.lock().await.unwrap();
+    let _: () = raw.script_flush(false).await.unwrap();
+    guard.unlock().await.unwrap();
+    assert!(!lock.is_locked().await.unwrap());
+    client.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_key_that_is_not_a_lock_gives_wrong_type() {
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let client = client(&server).await;
+    let _: () = raw
+        .set("text", "user data", None, None, false)
+        .await
+        .unwrap();
+    let lock = client.lock("text");
+    assert!(matches!(lock.lock().await, Err(Error::WrongType { .. })));
+    assert!(matches!(
+        lock.try_lock().await,
+        Err(Error::WrongType { .. })
+    ));
+    assert!(matches!(
+        lock.hold_count().await,
+        Err(Error::WrongType { .. })
+    ));
+    assert!(matches!(
+        lock.force_unlock().await,
+        Err(Error::WrongType { .. })
+    ));
+    assert!(matches!(
+        lock.remaining_ttl().await,
+        Err(Error::WrongType { .. })
+    ));
+    let v: String = raw.get("text").await.unwrap();
+    assert_eq!(v, "user data", "user data is never touched");
+    client.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_waiters_leave_no_lock_and_no_subscription() {
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let holder = client(&server).await;
+    let waiter_client = client(&server).await;
+    let guard = holder.lock("cancel").lock().await.unwrap();
+    let lock = waiter_client.lock("cancel");
+    let mut waiters = Vec::new();
+    for _ in 0..20 {
+        let lock = lock.clone();
+        waiters.push(tokio::spawn(async move { lock.lock().await }));
+    }
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            numsub(&raw, "redisson_lock__channel:{cancel}").await == 1
+        })
+        .await,
+        "one shared subscription for 20 waiters"
+    );
+    for w in &waiters {
+        w.abort();
+    }
+    for w in waiters {
+        assert!(w.await.unwrap_err().is_cancelled());
+    }
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            numsub(&raw, "redisson_lock__channel:{cancel}").await == 0
+        })
+        .await,
+        "the subscription is dropped with the last waiter"
+    );
+    guard.unlock().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!lock.is_locked().await.unwrap());
+    holder.shutdown().await.unwrap();
+    waiter_client.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquires_cancelled_mid_flight_never_leave_a_hold() {
+    // The lock script may run after its caller is gone; the hold must be undone.
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let client = client(&server).await;
+    for round in 0..30u64 {
+        let mut tasks = Vec::new();
+        for i in 0..10u64 {
+            let lock = client.lock("midflight");
+            tasks.push(tokio::spawn(async move {
+                let _ = tokio::time::timeout(
+                    Duration::from_micros(20 + (round * 37 + i * 53) % 400),
+                    lock.lock(),
+                )
+                .await;
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+    }
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            let n: i64 = raw.exists("midflight").await.unwrap();
+            n == 0
+        })
+        .await,
+        "a cancelled acquire left a hold behind"
+    );
+    client.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_woken_waiter_that_gives_up_passes_the_wake_up_on() {
+    let server = RedisServer::start();
+    let holder = client(&server).await;
+    let waiters = client(&server).await;
+    let guard = holder.lock("passon").lock().await.unwrap();
+    // Waiter 1 gives up right at the moment of the release; waiter 2 waits on.
+    let lock1 = waiters.lock("passon");
+    let quitter = tokio::spawn(async move { lock1.try_lock_for(Duration::from_millis(800)).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let lock2 = waiters.lock("passon");
+    let stayer = tokio::spawn(async move {
+        let g = lock2.lock().await.unwrap();
+        let t = Instant::now();
+        g.unlock().await.unwrap();
+        t
+    });
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let released = Instant::now();
+    guard.unlock().await.unwrap();
+    let _ = quitter.await.unwrap();
+    let acquired = tokio::time::timeout(Duration::from_secs(10), stayer)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        acquired.duration_since(released) < Duration::from_secs(2),
+        "the wake-up was lost: waited {:?} (the lease is 30 s)",
+        acquired.duration_since(released)
+    );
+    holder.shutdown().await.unwrap();
+    waiters.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn guards_move_into_spawned_tasks_and_drop_releases() {
+    let server = RedisServer::start();
+    let client = client(&server).await;
+    let lock = client.lock("moved");
+    let guard = lock.lock().await.unwrap();
+    tokio::spawn(async move {
+        // Released in another task: it acts as the owner that acquired it.
+        guard.unlock().await.unwrap();
+    })
+    .await
+    .unwrap();
+    assert!(!lock.is_locked().await.unwrap());
+    let guard = lock.lock().await.unwrap();
+    drop(guard);
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            !lock.is_locked().await.unwrap()
+        })
+        .await,
+        "a dropped guard is released in the background"
+    );
+    client.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn shutdown_releases_held_locks_and_refuses_later_use() {
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let client = client(&server).await;
+    let lock = client.lock("shut");
+    let guard = lock.lock().await.unwrap();
+    client.shutdown().await.unwrap();
+    assert!(guard.is_lost());
+    let exists: i64 = raw.exists("shut").await.unwrap();
+    assert_eq!(exists, 0, "released, not left to the lease");
+    assert!(matches!(guard.unlock().await, Err(Error::ShutDown)));
+    assert!(matches!(lock.lock().await, Err(Error::ShutDown)));
+    assert!(matches!(lock.is_locked().await, Err(Error::ShutDown)));
+    client.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn bad_arguments_are_refused_before_anything_is_sent() {
+    let server = RedisServer::start();
+    let client = client(&server).await;
+    let empty = client.lock("");
+    assert!(matches!(empty.lock().await, Err(Error::InvalidArgument(_))));
+    let huge = client.lock("x".repeat(redbaton::MAX_NAME_LEN + 1));
+    assert!(matches!(
+        huge.try_lock().await,
+        Err(Error::InvalidArgument(_))
+    ));
+    let ok = client.lock("fine");
+    assert!(matches!(
+        ok.lock_with_lease(Duration::ZERO).await,
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        ok.try_lock_with_lease(Duration::ZERO, Duration::MAX).await,
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(!ok.is_locked().await.unwrap());
+    let e = Client::connect("nonsense://127.0.0.1:1").await.unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
+    client.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn unreachable_redis_is_a_connection_error() {
+    let port = support::free_port();
+    let e = Client::builder()
+        .url(format!("redis://127.0.0.1:{port}"))
+        .connect_timeout(Duration::from_secs(1))
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::Connection(_)), "{e:?}");
+    assert!(e.to_string().contains(&port.to_string()));
+}
+
+#[test]
+fn outside_a_task_the_thread_is_the_owner() {
+    let server = RedisServer::start();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let client = client(&server).await;
+        let lock = client.lock("blockon");
+        // The block_on body is no task: re-entry works per thread.
+        let g1 = lock.lock().await.unwrap();
+        let g2 = lock
+            .try_lock()
+            .await
+            .unwrap()
+            .expect("same thread re-enters");
+        assert_eq!(lock.hold_count().await.unwrap(), 2);
+        assert!(g1.owner().number() >= 1 << 62);
+        let in_task = {
+            let lock = lock.clone();
+            tokio::spawn(async move { lock.try_lock().await.unwrap().is_some() })
+        };
+        assert!(!in_task.await.unwrap());
+        g2.unlock().await.unwrap();
+        g1.unlock().await.unwrap();
+        client.shutdown().await.unwrap();
+    });
+}
+
+#[tokio::test]
+async fn arc_shared_client_and_clones() {
+    let server = RedisServer::start();
+    let client = Arc::new(client(&server).await);
+    let lock = client.lock("clone");
+    let copy = lock.clone();
+    let g = lock.lock().await.unwrap();
+    assert_eq!(copy.hold_count().await.unwrap(), 1);
+    g.unlock().await.unwrap();
+    client.shutdown().await.unwrap();
+}

@@ -1,0 +1,168 @@
+//! Test support: real `redis-server` processes on free loopback ports, stopped on drop.
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fred::prelude::*;
+use fred::types::{CustomCommand, InfoKind};
+
+/// A `redis-server` child process on a free loopback port, killed on drop.
+pub struct RedisServer {
+    pub port: u16,
+    child: Option<Child>,
+    dir: PathBuf,
+    extra: Vec<String>,
+}
+
+/// A free TCP port on 127.0.0.1 (bound and released; the server binds it next).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .expect("bind an ephemeral port")
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl RedisServer {
+    /// Starts a server with persistence off.
+    pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// Starts a server with extra `--option value` arguments.
+    pub fn start_with(extra: &[&str]) -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "redbaton-test-{}-{}",
+            std::process::id(),
+            free_port()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        for _ in 0..5 {
+            let mut server = RedisServer {
+                port: free_port(),
+                child: None,
+                dir: dir.clone(),
+                extra: extra.iter().map(|s| s.to_string()).collect(),
+            };
+            if server.spawn() {
+                return server;
+            }
+        }
+        panic!("could not start redis-server (is it installed?)");
+    }
+
+    fn spawn(&mut self) -> bool {
+        let mut cmd = Command::new("redis-server");
+        cmd.args(["--port", &self.port.to_string()])
+            .args(["--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .args(["--dir", self.dir.to_str().unwrap()])
+            .args(&self.extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let child = cmd.spawn().expect("spawn redis-server (is it installed?)");
+        self.child = Some(child);
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(10) {
+            if let Some(Ok(Some(_))) = self.child.as_mut().map(|c| c.try_wait()) {
+                self.child = None;
+                return false; // exited: port taken, try another
+            }
+            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.kill();
+        false
+    }
+
+    /// `redis://127.0.0.1:<port>`
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Kills the server (SIGKILL) and waits for it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Kills and restarts on the same port, empty.
+    pub fn restart(&mut self) {
+        self.kill();
+        let start = Instant::now();
+        while !self.spawn() {
+            assert!(start.elapsed() < Duration::from_secs(10), "restart failed");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// A plain fred client for raw commands in assertions.
+    pub async fn raw(&self) -> fred::clients::Client {
+        let client = Builder::from_config(Config::from_url(&self.url()).unwrap())
+            .build()
+            .unwrap();
+        client.init().await.unwrap();
+        client
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// `INFO commandstats` as (command name → calls), e.g. `"evalsha" → 12`.
+pub async fn command_calls(raw: &fred::clients::Client) -> std::collections::HashMap<String, u64> {
+    let info: String = raw.info(Some(InfoKind::CommandStats)).await.unwrap();
+    info.lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix("cmdstat_")?;
+            let (name, stats) = rest.split_once(':')?;
+            let calls = stats
+                .split(',')
+                .find_map(|kv| kv.strip_prefix("calls="))?
+                .parse()
+                .ok()?;
+            Some((name.to_owned(), calls))
+        })
+        .collect()
+}
+
+/// Subscribers of `channel` across all clients (`PUBSUB NUMSUB`).
+pub async fn numsub(raw: &fred::clients::Client, channel: &str) -> i64 {
+    let reply: Vec<Value> = raw
+        .custom(
+            CustomCommand::new_static("PUBSUB", None, false),
+            vec!["NUMSUB", channel],
+        )
+        .await
+        .unwrap();
+    reply.get(1).and_then(|v| v.as_i64()).unwrap_or(-1)
+}
+
+/// Polls `cond` until true or `timeout`; returns whether it became true.
+pub async fn eventually<F, Fut>(timeout: Duration, mut cond: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    loop {
+        if cond().await {
+            return true;
+        }
+        if start.elapsed() > timeout {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
