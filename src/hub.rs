@@ -21,8 +21,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use fred::clients::SubscriberClient;
-use fred::interfaces::{ClientLike, EventInterface, PubsubInterface};
-use fred::types::Value;
+use fred::interfaces::{ClientLike, ClusterInterface, EventInterface, PubsubInterface};
+use fred::types::{ClusterHash, CustomCommand, Value};
 use parking_lot::Mutex;
 use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::{mpsc, watch, Notify};
@@ -78,6 +78,7 @@ pub(crate) struct Hub {
     channels: Mutex<HashMap<Arc<str>, Slot>>,
     ops: mpsc::UnboundedSender<Op>,
     generation: watch::Sender<u64>,
+    closed: AtomicBool,
 }
 
 /// A waiter's registration on a channel; dropping it releases the shared subscription.
@@ -144,7 +145,11 @@ impl Hub {
             channels: Mutex::new(HashMap::new()),
             ops,
             generation: watch::channel(0).0,
+            closed: AtomicBool::new(false),
         });
+        if mode == PubSubMode::Sharded && hub.subscriber.is_clustered() {
+            tokio::spawn(follow_shards(Arc::downgrade(&hub)));
+        }
         tokio::spawn(dispatch_messages(hub.clone(), messages));
         tokio::spawn(apply_ops(hub.clone(), ops_rx, reconnects));
         Ok(hub)
@@ -203,6 +208,7 @@ impl Hub {
 
     /// Closes the subscriber connection; the hub's tasks end with it.
     pub(crate) async fn shutdown(&self) {
+        self.closed.store(true, Ordering::Release);
         self.wake_all();
         if let Err(e) = self.subscriber.quit().await {
             tracing::debug!(error = %e, "subscriber quit");
@@ -215,7 +221,13 @@ impl Hub {
             PubSubMode::Sharded => {
                 // One at a time: a multi-channel SSUBSCRIBE must stay within one slot.
                 for name in names {
-                    self.subscriber.ssubscribe(name).await?;
+                    match self.subscriber.ssubscribe(name.clone()).await {
+                        // Redirected (the slot moved): fred re-read the slot map; once more.
+                        Err(e) if crate::scripts::is_spent_redirect(&e) => {
+                            self.subscriber.ssubscribe(name).await?
+                        }
+                        other => other?,
+                    }
                 }
                 Ok(())
             }
@@ -234,10 +246,66 @@ impl Hub {
         match self.mode {
             // SSUBSCRIBE already waits for the server's reply.
             PubSubMode::Sharded => Ok(()),
+            PubSubMode::Classic if self.subscriber.is_clustered() => {
+                // fred sends a cluster client's SUBSCRIBEs to the node owning the slot of its
+                // id; the PING must go there too, or it proves nothing.
+                let slot = fred::util::redis_keyslot(self.subscriber.id().as_bytes());
+                let ping = CustomCommand::new_static("PING", ClusterHash::Custom(slot), false);
+                self.subscriber
+                    .custom::<Value, Value>(ping, Vec::new())
+                    .await
+                    .map(drop)
+            }
             PubSubMode::Classic => self.subscriber.ping::<Value>(None).await.map(drop),
         }
     }
+
+    /// The primaries currently serving the shard channels' slots (sharded mode on a cluster).
+    fn shard_owners(&self) -> Vec<Option<fred::types::config::Server>> {
+        let Some(state) = self.subscriber.cached_cluster_state() else {
+            return Vec::new();
+        };
+        let mut names: Vec<Arc<str>> = self.channels.lock().keys().cloned().collect();
+        names.sort();
+        names
+            .iter()
+            .map(|n| state.get_server(fred::util::redis_keyslot(n.as_bytes())).cloned())
+            .collect()
+    }
 }
+
+/// Sharded pub/sub on a cluster: a shard subscription lives on the node serving its slot, and
+/// when the slot moves (failover, resharding) that node drops it with a SUNSUBSCRIBE push that
+/// fred discards, while the connection stays up. So, while channels are subscribed, re-read
+/// the slot map every `SHARD_SCAN` (Redisson scans its cluster topology periodically too) and
+/// resubscribe, waking every waiter, when the owner of a subscribed slot changed.
+async fn follow_shards(hub: std::sync::Weak<Hub>) {
+    let mut last = Vec::new();
+    loop {
+        tokio::time::sleep(SHARD_SCAN).await;
+        let Some(hub) = hub.upgrade() else { break };
+        if hub.closed.load(Ordering::Acquire) {
+            break;
+        }
+        if hub.channels.lock().is_empty() {
+            last.clear();
+            continue;
+        }
+        if let Err(e) = hub.subscriber.sync_cluster().await {
+            tracing::debug!(error = %e, "cluster slot map refresh failed");
+            continue;
+        }
+        let owners = hub.shard_owners();
+        if !last.is_empty() && owners != last {
+            tracing::info!("a subscribed slot moved to another node; resubscribing");
+            resubscribe(&hub).await;
+        }
+        last = owners;
+    }
+}
+
+/// How often the hub re-reads a cluster's slot map while shard channels are subscribed.
+const SHARD_SCAN: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Routes unlock messages to waiters.
 async fn dispatch_messages(

@@ -33,8 +33,11 @@ mod error;
 mod guard;
 mod hub;
 mod lock;
+mod multilock;
 mod owner;
+mod redlock;
 mod scripts;
+mod state;
 mod watchdog;
 
 pub use client::Client;
@@ -44,7 +47,15 @@ pub use config::{
 pub use error::{Error, Result};
 pub use guard::LockGuard;
 pub use lock::{Lock, MAX_NAME_LEN};
+pub use multilock::{MultiLock, MultiLockGuard, RedLockGuard};
 pub use owner::Owner;
+pub use redlock::RedLock;
+pub use state::LockState;
+
+/// The README's examples, compiled as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
 
 #[cfg(test)]
 mod assertions {

@@ -183,7 +183,7 @@ impl Lock {
         }
     }
 
-    fn check(&self) -> Result<()> {
+    pub(crate) fn check(&self) -> Result<()> {
         if self.shared.client.is_closed() {
             return Err(Error::ShutDown);
         }

@@ -68,7 +68,7 @@ impl Scripts {
         lease_ms: i64,
     ) -> Result<Option<i64>, FredError> {
         let args: Vec<Value> = vec![lease_ms.into(), owner.into()];
-        self.lock.evalsha_with_reload(client, key, args).await
+        run(&self.lock, client, key, args).await
     }
 
     /// Release one hold.
@@ -87,9 +87,7 @@ impl Scripts {
             owner.into(),
             publish.into(),
         ];
-        let reply: Option<i64> = self
-            .unlock
-            .evalsha_with_reload(client, vec![key, channel], args)
+        let reply: Option<i64> = run(&self.unlock, client, vec![key, channel], args)
             .await?;
         Ok(match reply {
             None => UnlockReply::NotHeld,
@@ -107,9 +105,7 @@ impl Scripts {
         publish: &'static str,
     ) -> Result<bool, FredError> {
         let args: Vec<Value> = vec![UNLOCK_MESSAGE.into(), publish.into()];
-        let deleted: i64 = self
-            .force_unlock
-            .evalsha_with_reload(client, vec![key, channel], args)
+        let deleted: i64 = run(&self.force_unlock, client, vec![key, channel], args)
             .await?;
         Ok(deleted == 1)
     }
@@ -124,9 +120,7 @@ impl Scripts {
         publish: &'static str,
     ) -> Result<bool, FredError> {
         let args: Vec<Value> = vec![UNLOCK_MESSAGE.into(), owner.into(), publish.into()];
-        let held: i64 = self
-            .release_owner
-            .evalsha_with_reload(client, vec![key, channel], args)
+        let held: i64 = run(&self.release_owner, client, vec![key, channel], args)
             .await?;
         Ok(held == 1)
     }
@@ -141,7 +135,30 @@ impl Scripts {
         let keys: Vec<&str> = holds.iter().map(|(key, _, _)| *key).collect();
         let mut args: Vec<Value> = holds.iter().map(|(_, owner, _)| (*owner).into()).collect();
         args.extend(holds.iter().map(|(_, _, lease)| Value::from(*lease)));
-        let held: Vec<i64> = self.renew.evalsha_with_reload(client, keys, args).await?;
+        let held: Vec<i64> = run(&self.renew, client, keys, args).await?;
         Ok(held.into_iter().map(|h| h == 1).collect())
+    }
+}
+
+/// fred's reply when a command met a cluster redirection (MOVED/ASK, after a failover or a
+/// slot migration) and would need a second write, which `max_command_attempts = 1` forbids.
+pub(crate) fn is_spent_redirect(e: &FredError) -> bool {
+    e.details() == "Too many failed write attempts."
+}
+
+/// EVALSHA with the NOSCRIPT reload, re-sent once after a cluster redirection. A redirected
+/// command did not run (the node answered MOVED/ASK instead), and fred re-read the slot map
+/// before giving up, so the one re-send goes to the slot's new owner and runs the step once.
+async fn run<R, K>(script: &Script, client: &Client, keys: K, args: Vec<Value>) -> Result<R, FredError>
+where
+    R: fred::types::FromValue,
+    K: Into<fred::types::MultipleKeys> + Clone + Send,
+{
+    match script.evalsha_with_reload(client, keys.clone(), args.clone()).await {
+        Err(e) if is_spent_redirect(&e) => {
+            tracing::debug!("script redirected by the cluster; re-sending to the new owner");
+            script.evalsha_with_reload(client, keys, args).await
+        }
+        other => other,
     }
 }

@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use fred::interfaces::ClientLike;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -230,8 +231,15 @@ impl Watchdog {
     }
 
     async fn renew_round(&self, inner: &ClientInner) {
-        let batch = self.snapshot();
-        for chunk in batch.chunks(BATCH) {
+        let groups = slot_groups(self.snapshot(), inner.redis.is_clustered());
+        // Groups run concurrently: on a cluster, a primary that is down must not hold up the
+        // renewal of locks on the others past the round's time limit.
+        futures::future::join_all(groups.iter().map(|group| self.renew_group(inner, group)))
+            .await;
+    }
+
+    async fn renew_group(&self, inner: &ClientInner, group: &[(Arc<Hold>, i64)]) {
+        for chunk in group.chunks(BATCH) {
             let args: Vec<(&str, &str, i64)> = chunk
                 .iter()
                 .map(|(h, lease)| (&*h.key, &*h.owner, *lease))
@@ -256,6 +264,20 @@ impl Watchdog {
             }
         }
     }
+}
+
+/// Splits a renewal batch so each script call stays within one hash slot on a cluster (a
+/// script's keys must share a slot there: CROSSSLOT otherwise); elsewhere one group.
+fn slot_groups(batch: Vec<(Arc<Hold>, i64)>, clustered: bool) -> Vec<Vec<(Arc<Hold>, i64)>> {
+    if !clustered {
+        return vec![batch];
+    }
+    let mut by_slot: std::collections::BTreeMap<u16, Vec<(Arc<Hold>, i64)>> = Default::default();
+    for item in batch {
+        let slot = fred::util::redis_keyslot(item.0.key.as_bytes());
+        by_slot.entry(slot).or_default().push(item);
+    }
+    by_slot.into_values().collect()
 }
 
 /// The watchdog task: renews every `lease / 3` until the client shuts down or is dropped.

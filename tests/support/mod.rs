@@ -166,3 +166,14 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+pub mod cluster;
+pub mod proxy;
+pub mod sentinel;
+
+/// Runs a raw command (`CLIENT PAUSE`, `SCRIPT FLUSH`, ...) and returns its reply.
+pub async fn command(raw: &fred::clients::Client, name: &'static str, args: Vec<String>) -> Value {
+    raw.custom(CustomCommand::new_static(name, None, false), args)
+        .await
+        .unwrap_or_else(|e| panic!("{name}: {e}"))
+}

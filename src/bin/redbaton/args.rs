@@ -1,0 +1,183 @@
+//! The command line: clap definitions and the duration parser.
+
+use std::ffi::OsString;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Text shown after `--help`: examples and the exit-status table.
+const AFTER_HELP: &str = "\
+Examples:
+  redbaton exec nightly-report -- ./report.sh          # wait for the lock, then run
+  redbaton exec --wait 0 nightly-report -- ./report.sh # skip if another host runs it
+  redbaton exec --wait 30s deploy -- make deploy        # give up after 30 s (exit 75)
+  redbaton status deploy --json                         # exit 0 if locked, 1 if free
+  redbaton unlock --force deploy                        # delete a stuck lock
+  redbaton demo                                         # flash-sale demo, private Redis
+
+Exit status of exec:
+  CMD's own     CMD ran; 128+N when signal N killed it
+  75            lock not acquired within --wait (see --conflict-exit-code)
+  76            lease lost while CMD ran; CMD's process group was stopped
+  126 / 127     CMD not executable / not found (the lock was released)
+  64            usage error (bad option, bad duration, missing `--` before CMD)
+  65            invalid NAME, or the key is not a lock (WRONGTYPE)
+  69            Redis unreachable
+  77            authentication refused
+  70            anything else
+status exits 0 when locked and 1 when free; unlock --force exits 0 when it deleted a lock
+and 1 when there was none; errors use the codes above.";
+
+/// Run commands under a Redis lock shared with Redisson (Java) services.
+#[derive(Debug, Parser)]
+#[command(name = "redbaton", version, after_help = AFTER_HELP)]
+pub struct Cli {
+    /// Redis URL: redis://[user:password@]host:port[/db], rediss://, redis-cluster://,
+    /// redis-sentinel://. Default: $REDIS_URL, else redis://127.0.0.1:6379 (demo: a private
+    /// redis-server).
+    #[arg(long, global = true)]
+    pub url: Option<String>,
+
+    /// More logging on stderr (-v info, -vv debug, -vvv trace); RUST_LOG overrides.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+
+    /// The watchdog lease: how long a lock outlives a crashed redbaton (renewed every third).
+    #[arg(long, global = true, value_parser = parse_duration, default_value = "30s", hide = true)]
+    pub watchdog_lease: Duration,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Acquire NAME, run CMD while holding it, release it when CMD ends.
+    Exec(ExecArgs),
+    /// Show who holds NAME, for how long, and how many connections wait (exit 0 locked, 1 free).
+    Status(StatusArgs),
+    /// Delete the lock NAME whoever holds it and wake its waiters (exit 0 held, 1 free).
+    Unlock(UnlockArgs),
+    /// The flash-sale demo: worker processes selling stock with and without the lock.
+    Demo(DemoArgs),
+    /// One demo worker process (started by `demo`).
+    #[command(hide = true)]
+    DemoWorker(WorkerArgs),
+}
+
+/// `exec`
+#[derive(Debug, Args)]
+#[command(after_help = "Examples:
+  redbaton exec --wait 0 backup -- sh -c 'pg_dump db > /backup/db.sql'
+  redbaton exec --wait 10m deploy -- ./deploy.sh v1.2.3")]
+pub struct ExecArgs {
+    /// The lock's name (any non-empty string up to 64 KiB; the Redis key).
+    pub name: String,
+    /// How long to wait for the lock: `500ms`, `30s`, `2m`, or seconds; `0` tries once.
+    /// Default: forever.
+    #[arg(short, long, value_parser = parse_duration)]
+    pub wait: Option<Duration>,
+    /// A fixed lease instead of the watchdog: CMD outliving it counts as a lost lease.
+    #[arg(short, long, value_parser = parse_duration)]
+    pub lease: Option<Duration>,
+    /// After a lost lease, how long CMD gets between SIGTERM and SIGKILL.
+    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    pub kill_after: Duration,
+    /// Exit status when the lock is not acquired within --wait.
+    #[arg(short = 'E', long, default_value_t = 75, value_parser = clap::value_parser!(u8).range(1..))]
+    pub conflict_exit_code: u8,
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub cmd: Vec<OsString>,
+}
+
+/// `status`
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// The lock's name.
+    pub name: String,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `unlock`
+#[derive(Debug, Args)]
+pub struct UnlockArgs {
+    /// Required: this deletes the lock whoever holds it (only the owner releases normally).
+    #[arg(long, required = true)]
+    pub force: bool,
+    /// The lock's name.
+    pub name: String,
+}
+
+/// `demo`
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// Worker processes.
+    #[arg(short, long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub processes: u32,
+    /// Tasks per worker process.
+    #[arg(short, long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub tasks: u32,
+    /// Items in stock.
+    #[arg(short, long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub stock: u32,
+    /// How long each purchase "thinks" between reading and writing the stock.
+    #[arg(long, value_parser = parse_duration, default_value = "1ms")]
+    pub think: Duration,
+}
+
+/// `demo-worker`
+#[derive(Debug, Args)]
+pub struct WorkerArgs {
+    /// Tasks in this process.
+    #[arg(long)]
+    pub tasks: u32,
+    /// Think time.
+    #[arg(long, value_parser = parse_duration)]
+    pub think: Duration,
+    /// Run without the lock.
+    #[arg(long)]
+    pub unlocked: bool,
+    /// Key prefix of this run's keys.
+    #[arg(long)]
+    pub run: String,
+}
+
+/// A human duration (`500ms`, `30s`, `2m`, `1h 30m`), or a bare number of seconds (`10`, `0.5`).
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    if let Ok(secs) = text.parse::<f64>() {
+        return Duration::try_from_secs_f64(secs)
+            .map_err(|_| format!("{text:?} is not a duration of zero or more seconds"));
+    }
+    humantime::parse_duration(text).map_err(|e| {
+        format!("{text:?} is not a duration ({e}); use e.g. 500ms, 30s, 2m or a number of seconds")
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("10"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration("0.5"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert!(parse_duration("-1").is_err());
+        assert!(parse_duration("NaN").is_err());
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("").is_err());
+    }
+
+    #[test]
+    fn cli_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,264 @@
+//! `redbaton exec NAME -- CMD`: run CMD while holding the lock.
+
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use redbaton::{Lock, LockGuard, Owner};
+use tokio::signal::unix::{signal, Signal as SignalStream, SignalKind};
+use tokio::time::{sleep, Instant};
+
+use crate::args::ExecArgs;
+use crate::child::{self, Child, Ended};
+use crate::exit::{self, Failure, Outcome};
+
+/// Names the lock for CMD.
+pub const ENV_LOCK: &str = "REDBATON_LOCK";
+/// Names the owner (hash field) for CMD; a nested exec of the same lock re-enters as it.
+pub const ENV_OWNER: &str = "REDBATON_OWNER";
+
+/// How often the hold is checked in Redis while CMD runs, so a force-unlock or takeover is
+/// noticed within about a second whatever the watchdog lease.
+const CHECK_EVERY: Duration = Duration::from_millis(500);
+
+/// SIGINT, SIGTERM and SIGHUP, listened to from before the lock is requested.
+struct Forwarded {
+    int: SignalStream,
+    term: SignalStream,
+    hup: SignalStream,
+}
+
+impl Forwarded {
+    fn install() -> Result<Self, Failure> {
+        let listen = |kind| {
+            signal(kind).map_err(|e| Failure::new(exit::SOFTWARE, format!("signal handler: {e}")))
+        };
+        Ok(Forwarded {
+            int: listen(SignalKind::interrupt())?,
+            term: listen(SignalKind::terminate())?,
+            hup: listen(SignalKind::hangup())?,
+        })
+    }
+
+    async fn next(&mut self) -> Signal {
+        tokio::select! {
+            _ = self.int.recv() => Signal::SIGINT,
+            _ = self.term.recv() => Signal::SIGTERM,
+            _ = self.hup.recv() => Signal::SIGHUP,
+        }
+    }
+}
+
+pub async fn run(url: &str, watchdog_lease: Duration, args: ExecArgs) -> Outcome {
+    let mut signals = match Forwarded::install() {
+        Ok(s) => s,
+        Err(f) => return Outcome::Failed(f),
+    };
+    child::become_subreaper();
+    if let Err(f) = crate::check_name(&args.name) {
+        return Outcome::Failed(f);
+    }
+    let client = match crate::connect(url, watchdog_lease).await {
+        Ok(c) => c,
+        Err(f) => return Outcome::Failed(f),
+    };
+    let outcome = run_with(&client, &mut signals, &args).await;
+    if let Err(e) = client.shutdown().await {
+        tracing::debug!(error = %e, "shutdown");
+    }
+    outcome.into()
+}
+
+/// The lock handle: a nested exec of the lock its parent holds acts as the parent's owner.
+fn lock_for(client: &redbaton::Client, name: &str) -> Result<Lock, Failure> {
+    let lock = client.lock(name);
+    if std::env::var(ENV_LOCK).ok().as_deref() != Some(name) {
+        return Ok(lock);
+    }
+    let Ok(owner) = std::env::var(ENV_OWNER) else {
+        return Ok(lock);
+    };
+    let owner: Owner = owner
+        .parse()
+        .map_err(|e: redbaton::Error| Failure::new(exit::USAGE, format!("{ENV_OWNER}: {e}")))?;
+    tracing::debug!(%owner, "re-entering the lock held by the parent exec");
+    Ok(lock.with_owner(owner))
+}
+
+async fn acquire(lock: &Lock, args: &ExecArgs) -> redbaton::Result<Option<LockGuard>> {
+    let wait = args.wait.unwrap_or(Duration::MAX);
+    match args.lease {
+        Some(lease) => lock.try_lock_with_lease(wait, lease).await,
+        None => lock.try_lock_for(wait).await,
+    }
+}
+
+async fn run_with(
+    client: &redbaton::Client,
+    signals: &mut Forwarded,
+    args: &ExecArgs,
+) -> Result<u8, Failure> {
+    let lock = lock_for(client, &args.name)?;
+    let started = Instant::now();
+    let guard = tokio::select! {
+        acquired = acquire(&lock, args) => acquired?,
+        sig = signals.next() => {
+            // Dropping the acquire is cancellation safe: nothing stays held.
+            return Err(Failure::new(
+                128 + sig as u8,
+                format!("{sig} while waiting for lock {:?}; CMD not run", args.name),
+            ));
+        }
+    };
+    let Some(guard) = guard else {
+        return Err(conflict(&lock, args, started.elapsed()).await);
+    };
+    let owner = guard.owner();
+    let owner_text = owner.to_string();
+    tracing::info!(lock = %args.name, owner = %owner_text, "acquired; starting CMD");
+
+    let child = match child::spawn(
+        &args.cmd,
+        &[
+            (ENV_LOCK, args.name.as_str()),
+            (ENV_OWNER, owner_text.as_str()),
+        ],
+    ) {
+        Ok(child) => child,
+        Err(e) => {
+            let _ = guard.unlock().await;
+            let program = args.cmd[0].to_string_lossy();
+            let code = if e.kind() == std::io::ErrorKind::NotFound {
+                exit::NOT_FOUND
+            } else {
+                exit::NOT_EXECUTABLE
+            };
+            return Err(Failure::new(code, format!("cannot run {program}: {e}")));
+        }
+    };
+
+    let outcome = supervise(&child, &guard, &lock.with_owner(owner), signals, args).await;
+    child.restore_terminal();
+    match outcome {
+        Supervised::Ended(ended) => {
+            match guard.unlock().await {
+                Ok(()) => {}
+                // CMD finished, but its lease did not survive it: report it as lost.
+                Err(redbaton::Error::NotHeld { .. }) => {
+                    return Err(Failure::new(
+                        exit::LEASE_LOST,
+                        format!(
+                            "lock {:?} was lost before CMD finished (it exited with {})",
+                            args.name,
+                            ended.status()
+                        ),
+                    ))
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "release failed; the lock expires with its lease")
+                }
+            }
+            Ok(ended.status())
+        }
+        Supervised::Lost(why) => {
+            let _ = guard.unlock().await;
+            Err(Failure::new(exit::LEASE_LOST, why))
+        }
+    }
+}
+
+enum Supervised {
+    Ended(Ended),
+    Lost(String),
+}
+
+/// Waits for CMD, forwarding signals and watching the lease.
+async fn supervise(
+    child: &Child,
+    guard: &LockGuard,
+    held: &Lock,
+    signals: &mut Forwarded,
+    args: &ExecArgs,
+) -> Supervised {
+    let mut sigchld = signal(SignalKind::child()).ok();
+    let mut check = tokio::time::interval(CHECK_EVERY);
+    check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    check.tick().await;
+    let why = loop {
+        if let Some(ended) = child.reap() {
+            return Supervised::Ended(ended);
+        }
+        tokio::select! {
+            _ = async { match sigchld.as_mut() { Some(s) => { s.recv().await; } None => std::future::pending().await } } => {}
+            _ = sleep(Duration::from_millis(200)) => {}
+            sig = signals.next() => {
+                tracing::info!(%sig, "forwarding to CMD's process group");
+                child.signal_group(sig);
+            }
+            _ = guard.lost() => break "its lease ran out or could not be renewed".to_owned(),
+            _ = check.tick() => {
+                // A failed check is not a loss: the watchdog decides when Redis is away.
+                if let Ok(false) = held.is_held_by_current_task().await {
+                    break "it was force-unlocked or expired".to_owned();
+                }
+            }
+        }
+    };
+    if let Some(ended) = child.reap() {
+        // CMD ended just as the lease went: its work is done, but unprotected at the end.
+        eprintln!(
+            "redbaton: lock {:?} lost as CMD ended (status {})",
+            args.name,
+            ended.status()
+        );
+    }
+    eprintln!(
+        "redbaton: lock {:?} lost while CMD ran ({why}); stopping CMD's process group (SIGTERM, SIGKILL after {})",
+        args.name,
+        humantime::format_duration(args.kill_after)
+    );
+    child.signal_group(Signal::SIGTERM);
+    let kill_at = Instant::now() + args.kill_after;
+    let mut killed = false;
+    loop {
+        child.reap();
+        if !child.group_alive() {
+            break;
+        }
+        if Instant::now() >= kill_at {
+            if killed {
+                // Whatever is left cannot be reaped by us; do not wait forever.
+                if Instant::now() >= kill_at + Duration::from_secs(2) {
+                    break;
+                }
+            } else {
+                child.signal_group(Signal::SIGKILL);
+                killed = true;
+            }
+        }
+        sleep(Duration::from_millis(20)).await;
+    }
+    Supervised::Lost(format!(
+        "lock {:?} lost while CMD ran ({why}); CMD stopped",
+        args.name
+    ))
+}
+
+/// The failure for a lock not acquired within --wait: names its owners and hold count.
+async fn conflict(lock: &Lock, args: &ExecArgs, waited: Duration) -> Failure {
+    let holders = match lock.state().await {
+        Ok(state) => format!(
+            "{} owner(s), hold count {}",
+            state.owners.len(),
+            state.hold_count()
+        ),
+        Err(_) => "owners unknown".to_owned(),
+    };
+    Failure::new(
+        args.conflict_exit_code,
+        format!(
+            "lock {:?} is held ({holders}); not acquired within {}",
+            args.name,
+            humantime::format_duration(Duration::from_millis(waited.as_millis() as u64))
+        ),
+    )
+}

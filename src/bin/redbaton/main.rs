@@ -1,0 +1,114 @@
+//! `redbaton`: run a command while holding a Redis lock (Redisson-compatible), inspect or
+//! break locks, and run the flash-sale demo. `redbaton --help` lists the exit statuses.
+
+mod args;
+mod child;
+mod demo;
+mod exec;
+mod exit;
+mod inspect;
+mod server;
+mod worker;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use redbaton::Client;
+
+use crate::args::{Cli, Command};
+use crate::exit::{Failure, Outcome};
+
+/// The URL used when neither `--url` nor `REDIS_URL` gives one.
+const DEFAULT_URL: &str = "redis://127.0.0.1:6379";
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => {
+            let code = if err.use_stderr() { exit::USAGE } else { 0 };
+            let _ = err.print();
+            return ExitCode::from(code);
+        }
+    };
+    init_tracing(cli.verbose);
+    // One thread: the runtime runs on the main thread, which forks CMD, so CMD's parent-death
+    // signal fires exactly when this process ends (it is tied to the forking thread).
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("redbaton: cannot start the async runtime: {e}");
+            return ExitCode::from(exit::SOFTWARE);
+        }
+    };
+    let outcome = runtime.block_on(run(cli));
+    // Background tasks (a dropped guard's release) get no further chance; the lock expires.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    outcome.exit()
+}
+
+async fn run(cli: Cli) -> Outcome {
+    let url = cli
+        .url
+        .clone()
+        .or_else(|| std::env::var("REDIS_URL").ok().filter(|u| !u.is_empty()))
+        .unwrap_or_else(|| DEFAULT_URL.to_owned());
+    let lease = cli.watchdog_lease;
+    match cli.command {
+        Command::Exec(args) => exec::run(&url, lease, args).await,
+        Command::Status(args) => inspect::status(&url, lease, args).await.into(),
+        Command::Unlock(args) => inspect::unlock(&url, lease, args).await.into(),
+        Command::Demo(args) => demo::run(cli.url, args).await.into(),
+        Command::DemoWorker(args) => worker::run(&url, args).await.into(),
+    }
+}
+
+/// Connects, turning a refused URL or lease into a usage error.
+pub async fn connect(url: &str, watchdog_lease: Duration) -> Result<Client, Failure> {
+    Client::builder()
+        .url(url)
+        .watchdog_lease(watchdog_lease)
+        .connect()
+        .await
+        .map_err(|e| match e {
+            redbaton::Error::InvalidArgument(detail) => Failure::new(exit::USAGE, detail),
+            other => other.into(),
+        })
+}
+
+/// Refuses an empty lock name before anything is sent (exit 65).
+pub fn check_name(name: &str) -> Result<(), Failure> {
+    if name.is_empty() {
+        return Err(Failure::new(exit::DATA, "the lock NAME must not be empty"));
+    }
+    if name.len() > redbaton::MAX_NAME_LEN {
+        return Err(Failure::new(
+            exit::DATA,
+            format!(
+                "the lock NAME is {} bytes long; at most {} are allowed",
+                name.len(),
+                redbaton::MAX_NAME_LEN
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn init_tracing(verbose: u8) {
+    use tracing_subscriber::EnvFilter;
+    let default = match verbose {
+        0 => "error",
+        1 => "redbaton=info,info",
+        2 => "redbaton=debug,info",
+        _ => "trace",
+    };
+    let filter = EnvFilter::try_from_env("RUST_LOG").unwrap_or_else(|_| EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+}

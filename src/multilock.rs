@@ -1,0 +1,313 @@
+//! [`MultiLock`]: several locks taken all-or-nothing, and [`MultiLockGuard`], the guard it and
+//! [`RedLock`](crate::RedLock) hand out.
+//!
+//! A multi-lock is a client-side composition of ordinary [`Lock`]s — any mix of names and
+//! clients, so of Redis servers too. It adds nothing to Redis: each part is a plain
+//! Redisson-compatible lock, renewed by its own client's watchdog and released by its own
+//! guard.
+//!
+//! # How it acquires
+//!
+//! It never *waits* while it holds a part. It waits for one part (the first, at the start),
+//! then tries every other part once without waiting. When one of them is busy, it releases
+//! everything it took and waits for *that* part, holding nothing, then tries the rest again.
+//! Two multi-locks over the same parts in different orders therefore cannot deadlock each
+//! other, and a waiter costs Redis no more than a single lock's waiter (it parks on the busy
+//! part's unlock channel).
+//!
+//! # Reentry
+//!
+//! Each part is reentrant for its owner (by default the current tokio task), so a task that
+//! holds a multi-lock may take it, or any of its parts, again; every hold is released on its
+//! own.
+//!
+//! # Differences from Redisson's `RedissonMultiLock`
+//!
+//! - Redisson walks the locks in order and, while holding the first ones, waits for the next
+//!   with the remaining wait time; redbaton never waits while holding (see above), so
+//!   competing multi-locks make progress instead of timing out against each other.
+//! - With a fixed lease Redisson takes each part with a lease of twice the wait time and
+//!   shortens them all to the lease at the end (`PEXPIRE`). redbaton takes each part with the
+//!   lease itself, so the first part taken is the first to expire; the multi-lock counts as
+//!   lost as soon as any part is lost, and [`MultiLockGuard::lost`] says so.
+//! - `unlock()` releases every part and then reports the first error, where Redisson stops at
+//!   the first failure.
+
+use std::time::Duration;
+
+use futures::stream::{FuturesUnordered, StreamExt};
+use tokio::time::Instant;
+
+use crate::{Error, Lock, LockGuard, Result};
+
+/// Several [`Lock`]s taken all-or-nothing and released together.
+///
+/// ```no_run
+/// # async fn run(a: redbaton::Client, b: redbaton::Client) -> redbaton::Result<()> {
+/// let both = redbaton::MultiLock::new(vec![a.lock("account:1"), b.lock("account:2")]);
+/// let guard = both.lock().await?;
+/// // ... move money between the two accounts ...
+/// guard.unlock().await?;
+/// # Ok(()) }
+/// ```
+///
+/// See the [module docs](self) for how it acquires and how it differs from Redisson's.
+#[derive(Clone, Debug)]
+pub struct MultiLock {
+    locks: Vec<Lock>,
+}
+
+impl MultiLock {
+    /// A multi-lock over `locks` (in any order, from any clients). An empty list makes every
+    /// operation return [`Error::InvalidArgument`].
+    pub fn new(locks: Vec<Lock>) -> MultiLock {
+        MultiLock { locks }
+    }
+
+    /// The parts, as given.
+    pub fn locks(&self) -> &[Lock] {
+        &self.locks
+    }
+
+    /// Acquires every part, waiting as long as it takes; each part's client watchdog keeps
+    /// its lease.
+    pub async fn lock(&self) -> Result<MultiLockGuard> {
+        let guard = self.acquire(None, None).await?;
+        Ok(guard.expect("waiting without a deadline ends only in a guard or an error"))
+    }
+
+    /// Acquires every part for a fixed `lease` (never renewed), waiting as long as it takes.
+    pub async fn lock_with_lease(&self, lease: Duration) -> Result<MultiLockGuard> {
+        let guard = self.acquire(None, Some(lease)).await?;
+        Ok(guard.expect("waiting without a deadline ends only in a guard or an error"))
+    }
+
+    /// One attempt on every part, no waiting: `None` when any part is held by another owner.
+    pub async fn try_lock(&self) -> Result<Option<MultiLockGuard>> {
+        self.acquire(Some(Duration::ZERO), None).await
+    }
+
+    /// Waits up to `wait` for all parts: `None` when the wait ran out (nothing is held then).
+    pub async fn try_lock_for(&self, wait: Duration) -> Result<Option<MultiLockGuard>> {
+        self.acquire(Some(wait), None).await
+    }
+
+    /// Waits up to `wait` for all parts, each taken for a fixed `lease` (never renewed).
+    pub async fn try_lock_with_lease(
+        &self,
+        wait: Duration,
+        lease: Duration,
+    ) -> Result<Option<MultiLockGuard>> {
+        self.acquire(Some(wait), Some(lease)).await
+    }
+
+    fn description(&self) -> String {
+        let names: Vec<&str> = self.locks.iter().map(Lock::name).collect();
+        names.join(",")
+    }
+
+    async fn acquire(
+        &self,
+        wait: Option<Duration>,
+        lease: Option<Duration>,
+    ) -> Result<Option<MultiLockGuard>> {
+        if self.locks.is_empty() {
+            return Err(Error::InvalidArgument(
+                "a multi-lock needs at least one lock".to_owned(),
+            ));
+        }
+        if let Some(lease) = lease {
+            crate::lock::lease_millis(lease)?;
+        }
+        let deadline = wait.and_then(|w| Instant::now().checked_add(w));
+        let remaining = || deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        // The part to wait for, holding nothing.
+        let mut first = 0;
+        loop {
+            let Some(head) = acquire_one(&self.locks[first], remaining(), lease).await? else {
+                return Ok(None);
+            };
+            let mut held = vec![(first, head)];
+            let mut busy = None;
+            for (i, lock) in self.locks.iter().enumerate() {
+                if i == first {
+                    continue;
+                }
+                match acquire_one(lock, Some(Duration::ZERO), lease).await {
+                    Ok(Some(guard)) => held.push((i, guard)),
+                    Ok(None) => {
+                        busy = Some(i);
+                        break;
+                    }
+                    Err(e) => {
+                        release_all(held.into_iter().map(|(_, g)| g).collect()).await;
+                        return Err(e);
+                    }
+                }
+            }
+            match busy {
+                None => {
+                    held.sort_by_key(|(i, _)| *i);
+                    let guards = held.into_iter().map(|(_, g)| g).collect();
+                    return Ok(Some(MultiLockGuard::new(guards, None, self.description())));
+                }
+                Some(i) => {
+                    tracing::trace!(lock = %self.locks[i].name(), "multi-lock part busy; releasing the others and waiting for it");
+                    release_all(held.into_iter().map(|(_, g)| g).collect()).await;
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        return Ok(None);
+                    }
+                    first = i;
+                }
+            }
+        }
+    }
+}
+
+/// One part through the public [`Lock`] API. `wait` None = no deadline; `lease` None = the
+/// watchdog.
+pub(crate) async fn acquire_one(
+    lock: &Lock,
+    wait: Option<Duration>,
+    lease: Option<Duration>,
+) -> Result<Option<LockGuard>> {
+    match (wait, lease) {
+        (None, None) => lock.lock().await.map(Some),
+        (None, Some(lease)) => lock.lock_with_lease(lease).await.map(Some),
+        (Some(wait), None) => lock.try_lock_for(wait).await,
+        (Some(wait), Some(lease)) => lock.try_lock_with_lease(wait, lease).await,
+    }
+}
+
+/// Releases every guard concurrently; returns each outcome in order.
+pub(crate) async fn release_all(guards: Vec<LockGuard>) -> Vec<Result<()>> {
+    futures::future::join_all(guards.into_iter().map(LockGuard::unlock)).await
+}
+
+/// The holds of a [`MultiLock`] or a [`RedLock`](crate::RedLock). Release it with
+/// [`unlock`](MultiLockGuard::unlock); dropping it releases every part in the background.
+///
+/// It is *lost* when too few parts are still held — for a multi-lock any lost part, for a
+/// Redlock fewer than a majority — or, for a Redlock with a fixed lease, when its validity
+/// time ran out.
+#[must_use = "dropping the guard releases the locks"]
+pub struct MultiLockGuard {
+    guards: Vec<LockGuard>,
+    /// How many parts must stay held.
+    quorum: usize,
+    /// Past this the hold is not trusted whatever the parts say (Redlock validity).
+    valid_until: Option<Instant>,
+    description: String,
+}
+
+/// The guard a [`RedLock`](crate::RedLock) hands out.
+pub type RedLockGuard = MultiLockGuard;
+
+impl MultiLockGuard {
+    /// All of `guards` must stay held (`quorum` None) or at least `quorum` of them.
+    pub(crate) fn new(
+        guards: Vec<LockGuard>,
+        quorum: Option<usize>,
+        description: String,
+    ) -> MultiLockGuard {
+        let quorum = quorum.unwrap_or(guards.len());
+        MultiLockGuard {
+            guards,
+            quorum,
+            valid_until: None,
+            description,
+        }
+    }
+
+    pub(crate) fn with_validity(mut self, valid_until: Instant) -> MultiLockGuard {
+        self.valid_until = Some(valid_until);
+        self
+    }
+
+    /// The guards of the parts this hold took (for a Redlock, those on the nodes that
+    /// granted it).
+    pub fn guards(&self) -> &[LockGuard] {
+        &self.guards
+    }
+
+    /// Whether the hold is lost: too few parts remain held, or its validity time ran out.
+    pub fn is_lost(&self) -> bool {
+        if self.valid_until.is_some_and(|v| Instant::now() >= v) {
+            return true;
+        }
+        let alive = self.guards.iter().filter(|g| !g.is_lost()).count();
+        alive < self.quorum
+    }
+
+    /// Resolves when the hold is lost. Never resolves while it is held.
+    pub async fn lost(&self) {
+        let parts_lost = async {
+            let mut lost: FuturesUnordered<_> = self.guards.iter().map(|g| g.lost()).collect();
+            let mut alive = self.guards.len();
+            while alive >= self.quorum {
+                if lost.next().await.is_none() {
+                    // No parts at all: nothing can be lost any more.
+                    std::future::pending::<()>().await;
+                }
+                alive -= 1;
+            }
+        };
+        match self.valid_until {
+            Some(until) => {
+                tokio::select! {
+                    _ = parts_lost => {}
+                    _ = tokio::time::sleep_until(until) => {}
+                }
+            }
+            None => parts_lost.await,
+        }
+    }
+
+    /// Releases every part (concurrently).
+    ///
+    /// Returns [`Error::NotHeld`] when the hold was already lost (the parts still held are
+    /// released all the same). Otherwise a multi-lock reports the first error of any part; a
+    /// Redlock succeeds when its parts were released or already gone, and reports an error only
+    /// when no part could be released at all (its leases then expire on their own).
+    pub async fn unlock(mut self) -> Result<()> {
+        let was_lost = self.is_lost();
+        let guards = std::mem::take(&mut self.guards);
+        let count = guards.len();
+        let results = release_all(guards).await;
+        if was_lost {
+            return Err(Error::NotHeld {
+                name: self.description.clone(),
+            });
+        }
+        let all_required = self.quorum == count;
+        let mut first_error = None;
+        let mut released = 0;
+        for result in results {
+            match result {
+                Ok(()) => released += 1,
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        match first_error {
+            None => Ok(()),
+            Some(e) if all_required || released == 0 => Err(e),
+            Some(e) => {
+                tracing::debug!(lock = %self.description, error = %e, "a Redlock part could not be released; it expires with its lease");
+                Ok(())
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for MultiLockGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MultiLockGuard")
+            .field("locks", &self.description)
+            .field("parts", &self.guards.len())
+            .field("quorum", &self.quorum)
+            .field("lost", &self.is_lost())
+            .finish()
+    }
+}

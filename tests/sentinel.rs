@@ -1,0 +1,156 @@
+//! Sentinel: one master, one replica, three sentinels, started by the test. The master is
+//! killed while a lock is held and others wait: the clients follow the promoted replica, the
+//! waiters get the lock, and the holder's guard reports lost when the hold did not reach the
+//! replica (Redis replicates asynchronously).
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use fred::interfaces::ClientLike;
+use redbaton::{Client, Error};
+use support::cluster::cli;
+use support::sentinel::SentinelSetup;
+
+async fn client(setup: &SentinelSetup) -> Client {
+    Client::builder()
+        .url(setup.url())
+        .watchdog_lease(Duration::from_secs(3))
+        .command_timeout(Duration::from_secs(2))
+        .reconnect_max_delay(Duration::from_millis(500))
+        .connect()
+        .await
+        .unwrap()
+}
+
+/// Kills the master and waits until every sentinel names the replica as the new master.
+fn fail_over(setup: &mut SentinelSetup) {
+    let old = setup.master.port;
+    setup.master.kill();
+    let start = Instant::now();
+    while setup.master_port() != Some(setup.replica.port) {
+        assert!(
+            start.elapsed() < Duration::from_secs(40),
+            "sentinels did not promote the replica (still {old})"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!("promoted after {:?}", start.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn url_connects_through_sentinels_to_the_master() {
+    let setup = SentinelSetup::start();
+    let c = client(&setup).await;
+    let guard = c.lock("via-sentinel").lock().await.unwrap();
+    let on_master = cli(setup.master.port, &["exists", "via-sentinel"]);
+    assert_eq!(on_master.trim(), "1", "the hold is on the master");
+    guard.unlock().await.unwrap();
+    // A URL naming an unknown service is refused with a typed error, not a panic.
+    let bad = setup.url().replace("mymaster", "nosuchmaster");
+    let err = Client::builder()
+        .url(bad)
+        .connect_timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Connection(_)), "{err:?}");
+    c.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicated_hold_survives_master_death_and_waiters_follow() {
+    let mut setup = SentinelSetup::start();
+    let holder = client(&setup).await;
+    let waiter = client(&setup).await;
+    let guard = holder.lock("survivor").lock().await.unwrap();
+    // The hold is on the replica before the master dies (WAIT for one replica).
+    let acked: i64 = holder
+        .redis()
+        .custom(
+            fred::types::CustomCommand::new_static("WAIT", fred::types::ClusterHash::Random, false),
+            vec![1i64, 1000],
+        )
+        .await
+        .unwrap();
+    assert_eq!(acked, 1);
+    let lock = waiter.lock("survivor");
+    let parked = tokio::spawn(async move {
+        let guard = lock.lock().await.unwrap();
+        let woke = Instant::now();
+        guard.unlock().await.unwrap();
+        woke
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    fail_over(&mut setup);
+    // Two renewal periods on the new master: the hold is still there and still ours.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(!guard.is_lost(), "the replicated hold survived");
+    assert!(!parked.is_finished(), "exclusion held across the failover");
+    assert_eq!(
+        cli(setup.replica.port, &["exists", "survivor"]).trim(),
+        "1",
+        "the hold is on the promoted replica"
+    );
+    let released = Instant::now();
+    guard.unlock().await.unwrap();
+    let woke = tokio::time::timeout(Duration::from_secs(20), parked)
+        .await
+        .expect("the waiter hung")
+        .unwrap();
+    let delay = woke.saturating_duration_since(released);
+    eprintln!("waiter woken {delay:?} after the release on the new master");
+    assert!(
+        delay < Duration::from_secs(2),
+        "woken by the message, not its lease: {delay:?}"
+    );
+    holder.shutdown().await.unwrap();
+    waiter.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreplicated_hold_is_lost_and_the_guard_says_so() {
+    let mut setup = SentinelSetup::start();
+    let holder = client(&setup).await;
+    let waiter = client(&setup).await;
+    // Cut the replica off before the lock is taken: existing connections stay authenticated,
+    // the replica cannot resync, so the hold never reaches it (the asynchronous-replication
+    // window, made wide and deterministic).
+    let master = setup.master.port;
+    assert!(cli(master, &["config", "set", "requirepass", "cut-off"]).contains("OK"));
+    let _: i64 = holder
+        .redis()
+        .custom(
+            fred::types::CustomCommand::new_static("CLIENT", fred::types::ClusterHash::Random, false),
+            vec!["KILL", "TYPE", "replica"],
+        )
+        .await
+        .unwrap();
+    let guard = holder.lock("doomed").lock().await.unwrap();
+    let lock = waiter.lock("doomed");
+    let parked = tokio::spawn(async move {
+        let start = Instant::now();
+        let guard = lock.lock().await.unwrap();
+        (start.elapsed(), guard)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!parked.is_finished());
+    fail_over(&mut setup);
+    // The waiter gets the lock on the promoted replica, which never saw the hold ...
+    let (waited, waiter_guard) = tokio::time::timeout(Duration::from_secs(30), parked)
+        .await
+        .expect("the waiter hung")
+        .unwrap();
+    eprintln!("waiter acquired after {waited:?}");
+    // ... and the holder is told: its next renewal finds the hold gone.
+    tokio::time::timeout(Duration::from_secs(10), guard.lost())
+        .await
+        .expect("the holder's guard reports lost");
+    assert!(guard.is_lost());
+    assert!(matches!(guard.unlock().await, Err(Error::NotHeld { .. })));
+    assert!(!waiter_guard.is_lost());
+    waiter_guard.unlock().await.unwrap();
+    assert!(holder.redis().is_connected());
+    holder.shutdown().await.unwrap();
+    waiter.shutdown().await.unwrap();
+}

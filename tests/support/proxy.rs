@@ -1,0 +1,130 @@
+//! A loopback TCP proxy that can stall or cut the connections it carries, to put a network
+//! fault between one client and a real `redis-server`.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+/// What the proxy does with traffic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Forwards bytes both ways.
+    Open,
+    /// Holds every byte (nothing read, nothing written) until the mode changes: a stalled
+    /// network. Connections stay open.
+    Stalled,
+    /// Closes every connection and accepts new ones only to close them at once.
+    Cut,
+}
+
+/// A proxy on `127.0.0.1:<port>` in front of `127.0.0.1:<target>`; stops on drop.
+pub struct Proxy {
+    pub port: u16,
+    mode: Arc<watch::Sender<Mode>>,
+    accept_task: tokio::task::JoinHandle<()>,
+}
+
+impl Proxy {
+    /// Starts a proxy to the loopback port `target`.
+    pub async fn start(target: u16) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let mode = Arc::new(watch::channel(Mode::Open).0);
+        let accept_mode = mode.clone();
+        let accept_task = tokio::spawn(async move {
+            loop {
+                let Ok((client, _)) = listener.accept().await else {
+                    return;
+                };
+                if *accept_mode.borrow() == Mode::Cut {
+                    drop(client);
+                    continue;
+                }
+                let Ok(server) = TcpStream::connect(("127.0.0.1", target)).await else {
+                    continue;
+                };
+                let _ = client.set_nodelay(true);
+                let _ = server.set_nodelay(true);
+                let (client_read, client_write) = client.into_split();
+                let (server_read, server_write) = server.into_split();
+                tokio::spawn(pump(client_read, server_write, accept_mode.subscribe()));
+                tokio::spawn(pump(server_read, client_write, accept_mode.subscribe()));
+            }
+        });
+        Proxy {
+            port,
+            mode,
+            accept_task,
+        }
+    }
+
+    /// `redis://127.0.0.1:<proxy port>`
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Switches the proxy's behaviour for current and new connections.
+    pub fn set(&self, mode: Mode) {
+        self.mode.send_replace(mode);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.set(Mode::Cut);
+        self.accept_task.abort();
+    }
+}
+
+/// Waits while stalled; `false` once cut.
+async fn wait_open(mode: &mut watch::Receiver<Mode>) -> bool {
+    loop {
+        let now = *mode.borrow_and_update();
+        match now {
+            Mode::Open => return true,
+            Mode::Cut => return false,
+            Mode::Stalled => {
+                if mode.changed().await.is_err() {
+                    return false;
+                }
+            }
+        }
+    }
+}
+
+/// Copies one direction until EOF, an error, or a cut.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut mode: watch::Receiver<Mode>,
+) {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        if !wait_open(&mut mode).await {
+            return;
+        }
+        let n = tokio::select! {
+            read = from.read(&mut buf) => match read {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            },
+            changed = mode.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                // Re-evaluate the mode before reading on.
+                continue;
+            }
+        };
+        // Bytes read just before a stall are held until it ends (or dropped on a cut).
+        if !wait_open(&mut mode).await {
+            return;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
