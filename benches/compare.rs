@@ -16,10 +16,11 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::HashMap;
 use std::process::Stdio;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -152,6 +153,48 @@ fn jain(counts: &[u64]) -> f64 {
         sum * sum / (n * sq)
     }
 }
+
+/// The system allocator, counting live heap bytes: per-waiter memory without the allocator's
+/// fragmentation (which the RSS figure includes). One relaxed atomic add per call, alike for
+/// every contender.
+struct CountingAlloc;
+
+static LIVE_HEAP: AtomicI64 = AtomicI64::new(0);
+
+// SAFETY: every call is forwarded unchanged to the system allocator.
+unsafe impl GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let p = System.alloc(layout);
+        if !p.is_null() {
+            LIVE_HEAP.fetch_add(layout.size() as i64, Ordering::Relaxed);
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        System.dealloc(ptr, layout);
+        LIVE_HEAP.fetch_sub(layout.size() as i64, Ordering::Relaxed);
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        let p = System.alloc_zeroed(layout);
+        if !p.is_null() {
+            LIVE_HEAP.fetch_add(layout.size() as i64, Ordering::Relaxed);
+        }
+        p
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let p = System.realloc(ptr, layout, new_size);
+        if !p.is_null() {
+            LIVE_HEAP.fetch_add(new_size as i64 - layout.size() as i64, Ordering::Relaxed);
+        }
+        p
+    }
+}
+
+#[global_allocator]
+static GLOBAL: CountingAlloc = CountingAlloc;
 
 // ---------------------------------------------------------------------------------------
 // Contenders
@@ -451,7 +494,11 @@ fn sample_pubsub(raw: fred::clients::Client, end_ns: u64) -> tokio::task::JoinHa
     })
 }
 
+/// Resident memory after returning freed heap pages to the OS, so that buffers of commands
+/// that already finished do not count as memory of the waiters still parked.
 fn rss_bytes() -> u64 {
+    // SAFETY: malloc_trim only releases free memory; it has no preconditions.
+    unsafe { libc::malloc_trim(0) };
     let statm = std::fs::read_to_string("/proc/self/statm").expect("statm");
     let pages: u64 = statm
         .split_whitespace()
@@ -837,11 +884,17 @@ async fn uncontended(server: &RedisServer, opts: &Opts, out: &mut String) -> Flo
         let trivial = Script::from_lua("return 1");
         trivial.load(&redis).await.expect("load");
         let sha = trivial.sha1().to_string();
+        // redbaton's own two scripts sent raw: the server-side cost of its protocol.
+        let lock_script = Script::from_lua(include_str!("../lua/lock.lua"));
+        let unlock_script = Script::from_lua(include_str!("../lua/unlock.lua"));
+        lock_script.load(&redis).await.expect("load");
+        unlock_script.load(&redis).await.expect("load");
         let mut samples: HashMap<&'static str, Vec<u64>> = HashMap::new();
-        let blocks = 10;
-        let per_block = (iters / blocks).max(1);
+        // Small interleaved blocks: background load hits the floor and every contender alike.
+        let per_block = 5;
+        let blocks = (iters / per_block).max(1);
         for block in 0..=blocks {
-            let keep = block > 0; // block 0 warms up
+            let keep = block >= blocks / 10; // the first tenth warms up
             let mut record = |what: &'static str, ns: u64| {
                 if keep {
                     samples.entry(what).or_default().push(ns);
@@ -859,6 +912,47 @@ async fn uncontended(server: &RedisServer, opts: &Opts, out: &mut String) -> Flo
                 let t = now_ns();
                 let _: Value = redis.ping(None).await.expect("ping");
                 record("ping", now_ns() - t);
+            }
+            for _ in 0..per_block {
+                let t = now_ns();
+                let _: i64 = redis
+                    .evalsha(sha.as_str(), "bench:floor", ())
+                    .await
+                    .expect("evalsha");
+                let _: i64 = redis
+                    .evalsha(sha.as_str(), "bench:floor", ())
+                    .await
+                    .expect("evalsha");
+                record("evalsha2", now_ns() - t);
+            }
+            for _ in 0..per_block {
+                let t = now_ns();
+                let (key, channel) = (
+                    "bench:raw-scripts",
+                    "redisson_lock__channel:{bench:raw-scripts}",
+                );
+                let _: Value = lock_script
+                    .evalsha(
+                        &redis,
+                        key,
+                        vec![Value::from(30_000i64), "bench-raw:1".into()],
+                    )
+                    .await
+                    .expect("lock script");
+                let _: Value = unlock_script
+                    .evalsha(
+                        &redis,
+                        vec![key, channel],
+                        vec![
+                            Value::from("0"),
+                            Value::from(30_000i64),
+                            "bench-raw:1".into(),
+                            "PUBLISH".into(),
+                        ],
+                    )
+                    .await
+                    .expect("unlock script");
+                record("scripts", now_ns() - t);
             }
             for (k, ctx) in &ctxs {
                 let name = format!("bench:uncontended:{}", k.name());
@@ -902,6 +996,12 @@ async fn uncontended(server: &RedisServer, opts: &Opts, out: &mut String) -> Flo
     for (label, key, ratio) in [
         ("trivial EVALSHA (floor)", "evalsha", false),
         ("PING", "ping", false),
+        ("2 × trivial EVALSHA, back to back", "evalsha2", false),
+        (
+            "redbaton's lock + unlock scripts by raw EVALSHA",
+            "scripts",
+            false,
+        ),
     ] {
         let v = &samples[key];
         let _ = ratio;
@@ -1027,6 +1127,10 @@ struct Parked {
     pubsub_conns: usize,
     drain_ms: f64,
     evalsha_per_waiter: f64,
+    /// Size of one `lock()` future (the state a parked task keeps).
+    future_bytes: usize,
+    /// Live heap bytes per parked waiter (allocator-counted).
+    heap_per_waiter: f64,
 }
 
 /// Parked waiters: `parked` tasks wait on `parked_names` names held by one task.
@@ -1051,7 +1155,17 @@ async fn parked(server: &RedisServer, raw: &fred::clients::Client, opts: &Opts) 
         .expect("holder")
     };
     tokio::time::sleep(Duration::from_millis(200)).await;
+    let future_bytes = std::mem::size_of_val(&client.lock(&names[0]).lock());
+    let unlock_future_bytes = {
+        let guard = client.lock("bench:parked:probe").lock().await.expect("lock");
+        let unlock = guard.unlock();
+        let size = std::mem::size_of_val(&unlock);
+        unlock.await.expect("unlock");
+        size
+    };
+    println!("parked: lock() future {future_bytes} B, unlock() future {unlock_future_bytes} B");
     let rss0 = rss_bytes();
+    let heap0 = LIVE_HEAP.load(Ordering::SeqCst);
     let before = command_calls(raw).await;
     let done = Arc::new(AtomicUsize::new(0));
     let mut handles = Vec::with_capacity(opts.parked);
@@ -1077,6 +1191,7 @@ async fn parked(server: &RedisServer, raw: &fred::clients::Client, opts: &Opts) 
         last = evalsha;
     }
     let rss1 = rss_bytes();
+    let heap1 = LIVE_HEAP.load(Ordering::SeqCst);
     let conns = pubsub_connections(raw).await;
     let t0 = now_ns();
     for g in guards {
@@ -1097,6 +1212,8 @@ async fn parked(server: &RedisServer, raw: &fred::clients::Client, opts: &Opts) 
         pubsub_conns: conns,
         drain_ms: ms(drain),
         evalsha_per_waiter: evalsha as f64 / opts.parked as f64,
+        future_bytes,
+        heap_per_waiter: (heap1 - heap0) as f64 / opts.parked as f64,
     }
 }
 
@@ -1291,13 +1408,15 @@ async fn main() {
     if opts.runs("parked") && has_rb {
         let p = parked(&server, &raw, &opts).await;
         out.push_str(&format!(
-            "\n### Parked waiters (redbaton): {} tasks on {} names in one process\n\n| waiters | RSS per waiter | pub/sub conns | drain after release | EVALSHA per waiter |\n|---|---|---|---|---|\n| {} | {:.0} B | {} | {:.0} ms | {:.2} |\n",
-            p.waiters, opts.parked_names, p.waiters, p.rss_per_waiter, p.pubsub_conns, p.drain_ms, p.evalsha_per_waiter
+            "\n### Parked waiters (redbaton): {} tasks on {} names in one process\n\n| waiters | live heap per waiter | RSS per waiter | lock() future | pub/sub conns | drain after release | EVALSHA per waiter |\n|---|---|---|---|---|---|---|\n| {} | {:.0} B | {:.0} B | {} B | {} | {:.0} ms | {:.2} |\n",
+            p.waiters, opts.parked_names, p.waiters, p.heap_per_waiter, p.rss_per_waiter, p.future_bytes, p.pubsub_conns, p.drain_ms, p.evalsha_per_waiter
         ));
         json_line(
             json!({"scenario": "parked", "contender": "redbaton", "waiters": p.waiters,
             "names": opts.parked_names, "rss_per_waiter_bytes": p.rss_per_waiter,
             "pubsub_connections": p.pubsub_conns, "drain_ms": p.drain_ms,
+            "lock_future_bytes": p.future_bytes,
+            "heap_per_waiter_bytes": p.heap_per_waiter,
             "evalsha_per_waiter": p.evalsha_per_waiter}),
         );
         parked_result = Some(p);

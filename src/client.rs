@@ -88,13 +88,22 @@ fn fred_builder(config: &Config) -> Result<FredBuilder> {
             SCHEMES.join(", ")
         )));
     }
-    let fred_config = FredConfig::from_url(&config.url).map_err(|e| {
+    let mut fred_config = FredConfig::from_url(&config.url).map_err(|e| {
         Error::InvalidArgument(format!(
             "bad Redis URL {}: {}",
             redact_url(&config.url),
             e.details()
         ))
     })?;
+    if let Some(ca_file) = &config.tls_ca_file {
+        if fred_config.tls.is_none() {
+            return Err(Error::InvalidArgument(format!(
+                "tls_ca_file is set but {} does not use TLS (use rediss://)",
+                redact_url(&config.url)
+            )));
+        }
+        fred_config.tls = Some(tls_trusting(ca_file)?.into());
+    }
     let mut builder = FredBuilder::from_config(fred_config);
     let command_timeout = config.command_timeout;
     let connect_timeout = config.connect_timeout;
@@ -127,6 +136,40 @@ fn fred_builder(config: &Config) -> Result<FredBuilder> {
     Ok(builder)
 }
 
+/// Whether `url` asks for TLS.
+fn fred_uses_tls(url: &str) -> bool {
+    url.split_once("://")
+        .is_some_and(|(scheme, _)| scheme.starts_with("rediss") || scheme == "valkeys")
+}
+
+/// A rustls connector that trusts only the certificates in the PEM file `ca_file`.
+fn tls_trusting(ca_file: &std::path::Path) -> Result<fred::types::config::TlsConnector> {
+    use fred::rustls;
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::CertificateDer;
+
+    let bad =
+        |what: String| Error::InvalidArgument(format!("TLS CA file {}: {what}", ca_file.display()));
+    let mut roots = rustls::RootCertStore::empty();
+    let certs = CertificateDer::pem_file_iter(ca_file).map_err(|e| bad(e.to_string()))?;
+    for cert in certs {
+        let cert = cert.map_err(|e| bad(e.to_string()))?;
+        roots.add(cert).map_err(|e| bad(e.to_string()))?;
+    }
+    if roots.is_empty() {
+        return Err(bad("no PEM certificate in it".to_owned()));
+    }
+    // The provider is named explicitly: the process-wide default is ambiguous when another
+    // crate enables a second rustls provider.
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| bad(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(tls.into())
+}
+
 impl Client {
     /// Connects with default settings to `url` (see [`Config::url`] for the forms).
     ///
@@ -153,21 +196,36 @@ impl Client {
         config.validate()?;
         let builder = fred_builder(&config)?;
         let where_ = redact_url(&config.url);
-        let connect_error =
-            |e: fred::error::Error| match Error::from_redis(e, "", config.connect_timeout) {
+        // A TLS client talking to a plain-text port gets no answer at all: say so.
+        let tls_hint = if fred_uses_tls(&config.url) {
+            " (TLS handshake unanswered: does the server speak TLS on this port?)"
+        } else {
+            ""
+        };
+        let connect_error = |e: fred::error::Error| {
+            match Error::from_redis(e, "", config.connect_timeout) {
                 Error::Auth(detail) => Error::Auth(format!("{where_}: {detail}")),
                 Error::Timeout(_) => Error::Connection(format!(
-                    "{where_}: no connection within {:?}",
+                    "{where_}: no connection within {:?}{tls_hint}",
                     config.connect_timeout
                 )),
+                Error::Connection(detail) if detail.contains("InvalidCertificate") => {
+                    Error::Connection(format!(
+                        "{where_}: TLS handshake refused, the server's certificate is not trusted: {detail}"
+                    ))
+                }
                 Error::Connection(detail) | Error::Redis(detail) => {
                     Error::Connection(format!("{where_}: {detail}"))
                 }
                 other => other,
-            };
+            }
+        };
         let init_timeout = config.connect_timeout + config.command_timeout;
-        let connect_timed_out =
-            || Error::Connection(format!("{where_}: no connection within {init_timeout:?}"));
+        let connect_timed_out = || {
+            Error::Connection(format!(
+                "{where_}: no connection within {init_timeout:?}{tls_hint}"
+            ))
+        };
 
         let redis = builder.build().map_err(connect_error)?;
         match tokio::time::timeout(init_timeout, redis.init()).await {

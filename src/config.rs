@@ -64,6 +64,12 @@ pub struct Config {
     pub reconnect_max_delay: Duration,
     /// Classic or sharded pub/sub for wake-ups.
     pub pubsub: PubSubMode,
+    /// For `rediss://` URLs: a PEM file of the CA certificate(s) that signed the server's
+    /// certificate. When set, the client trusts **only** these certificates (a private CA
+    /// for Redis is the usual case); when `None`, it trusts the system's root certificates
+    /// (which `SSL_CERT_FILE`/`SSL_CERT_DIR` can also point elsewhere). Setting it for a URL
+    /// without TLS is refused.
+    pub tls_ca_file: Option<std::path::PathBuf>,
 }
 
 impl Config {
@@ -77,6 +83,7 @@ impl Config {
             connect_timeout: Duration::from_secs(5),
             reconnect_max_delay: Duration::from_secs(2),
             pubsub: PubSubMode::Classic,
+            tls_ca_file: None,
         }
     }
 
@@ -123,6 +130,7 @@ impl fmt::Debug for Config {
             .field("connect_timeout", &self.connect_timeout)
             .field("reconnect_max_delay", &self.reconnect_max_delay)
             .field("pubsub", &self.pubsub)
+            .field("tls_ca_file", &self.tls_ca_file)
             .finish()
     }
 }
@@ -206,6 +214,13 @@ impl Builder {
     /// Classic (default) or sharded pub/sub.
     pub fn pubsub(mut self, mode: PubSubMode) -> Self {
         self.config.pubsub = mode;
+        self
+    }
+
+    /// Trust only the CA certificate(s) in this PEM file for `rediss://` (see
+    /// [`Config::tls_ca_file`]).
+    pub fn tls_ca_file(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.config.tls_ca_file = Some(path.into());
         self
     }
 

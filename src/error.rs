@@ -65,6 +65,16 @@ impl Error {
         {
             return Error::Auth(details.to_owned());
         }
+        if details == "Too many failed write attempts." {
+            // A cluster redirection (failover, resharding) met fred's one-attempt limit: the
+            // command did not run, and the next one goes to the slot's new owner.
+            return Error::Connection(format!("cluster redirection: {details}"));
+        }
+        if details.starts_with("Failed to route command") {
+            // fred had no connection to send it on (disconnected, reconnecting): the command
+            // was not sent. Kind `Unknown` in fred 10.1, but transient like any I/O error.
+            return Error::Connection(format!("not connected: {details}"));
+        }
         match err.kind() {
             ErrorKind::Timeout => Error::Timeout(timeout),
             ErrorKind::Auth => Error::Auth(details.to_owned()),

@@ -70,7 +70,9 @@ impl LockGuard {
     /// renewal failed): then nothing is sent, since the same owner may hold the lock anew.
     pub async fn unlock(mut self) -> Result<()> {
         let held = self.held.take().expect("a guard is released only once");
-        held.release().await
+        // Boxed: the script call's future is several KiB, and it would otherwise be inlined
+        // into every task that ever unlocks — parked waiters included.
+        Box::pin(held.release()).await
     }
 
     /// Resolves when the lease is lost. Never resolves while the lock is held.

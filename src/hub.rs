@@ -269,7 +269,11 @@ impl Hub {
         names.sort();
         names
             .iter()
-            .map(|n| state.get_server(fred::util::redis_keyslot(n.as_bytes())).cloned())
+            .map(|n| {
+                state
+                    .get_server(fred::util::redis_keyslot(n.as_bytes()))
+                    .cloned()
+            })
             .collect()
     }
 }

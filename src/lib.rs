@@ -65,6 +65,10 @@ mod assertions {
     #[test]
     fn public_types_move_between_tasks() {
         send_static::<crate::LockGuard>();
+        send_static::<crate::MultiLockGuard>();
+        send_static::<crate::MultiLock>();
+        send_static::<crate::RedLock>();
+        sync::<crate::RedLock>();
         send_static::<crate::Lock>();
         send_static::<crate::Error>();
         send_static::<crate::Client>();

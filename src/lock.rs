@@ -43,11 +43,13 @@
 //! # client.shutdown().await }
 //! ```
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use fred::interfaces::{HashesInterface, KeysInterface};
-use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tracing::Instrument;
 
@@ -342,14 +344,14 @@ impl Lock {
         }
     }
 
-    /// One run of the lock script. It runs in its own task so that, if the caller is
-    /// cancelled after the script took the lock, the task releases it instead of leaving a
-    /// hold nobody knows about.
+    /// One run of the lock script. If the caller is cancelled while the round trip is in
+    /// flight, the round trip is finished in a task of its own, which releases the lock if
+    /// the script took it — never a hold nobody knows about. (Run inline rather than always
+    /// spawned: a spawn and a channel hop cost two task wake-ups on every attempt.)
     async fn attempt(&self, owner: &Arc<str>, lease: Lease) -> Result<Attempt> {
-        let (reply_tx, reply_rx) = oneshot::channel();
         let lock = self.clone();
         let owner = owner.clone();
-        tokio::spawn(async move {
+        let round_trip = async move {
             let client = &lock.shared.client;
             let lease_ms = match lease {
                 Lease::Watchdog => client.watchdog.lease().as_millis() as i64,
@@ -360,7 +362,7 @@ impl Lock {
                 .scripts
                 .lock(&client.redis, &lock.shared.key, &owner, lease_ms)
                 .await;
-            let outcome = match reply {
+            match reply {
                 Ok(None) => {
                     let guard = LockGuard::new(lock.clone(), owner, lease, sent_at);
                     if client.is_closed() {
@@ -377,15 +379,13 @@ impl Lock {
                     detail: "a hash without the expiry every lock has".to_owned(),
                 }),
                 Err(e) => Err(lock.error(e)),
-            };
-            if let Err(Ok(Attempt::Acquired(guard))) = reply_tx.send(outcome) {
-                tracing::debug!(lock = %lock.shared.name, "acquire cancelled after the lock was taken; releasing");
-                if let Err(e) = guard.unlock().await {
-                    tracing::warn!(lock = %lock.shared.name, error = %e, "could not release a cancelled acquire; it expires with its lease");
-                }
             }
-        });
-        reply_rx.await.unwrap_or(Err(Error::ShutDown))
+        };
+        FinishOnDrop {
+            round_trip: Some(Box::pin(round_trip)),
+            lock: self.clone(),
+        }
+        .await
     }
 
     /// This owner's reentry count (0 when it does not hold the lock).
@@ -468,6 +468,44 @@ impl Lock {
 
     pub(crate) fn shared(&self) -> &Shared {
         &self.shared
+    }
+}
+
+/// An acquire round trip that, if dropped before it finished, is finished in a spawned task
+/// that releases the lock should the script have taken it.
+struct FinishOnDrop<F: Future<Output = Result<Attempt>> + Send + 'static> {
+    round_trip: Option<Pin<Box<F>>>,
+    lock: Lock,
+}
+
+impl<F: Future<Output = Result<Attempt>> + Send + 'static> Future for FinishOnDrop<F> {
+    type Output = Result<Attempt>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let Some(round_trip) = self.round_trip.as_mut() else {
+            return Poll::Ready(Err(Error::ShutDown));
+        };
+        let outcome = ready!(round_trip.as_mut().poll(cx));
+        self.round_trip = None;
+        Poll::Ready(outcome)
+    }
+}
+
+impl<F: Future<Output = Result<Attempt>> + Send + 'static> Drop for FinishOnDrop<F> {
+    fn drop(&mut self) {
+        let Some(round_trip) = self.round_trip.take() else {
+            return;
+        };
+        let lock = self.lock.clone();
+        let runtime = lock.shared.client.runtime.clone();
+        runtime.spawn(async move {
+            if let Ok(Attempt::Acquired(guard)) = round_trip.await {
+                tracing::debug!(lock = %lock.shared.name, "acquire cancelled after the lock was taken; releasing");
+                if let Err(e) = guard.unlock().await {
+                    tracing::warn!(lock = %lock.shared.name, error = %e, "could not release a cancelled acquire; it expires with its lease");
+                }
+            }
+        });
     }
 }
 

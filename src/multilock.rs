@@ -1,37 +1,5 @@
 //! [`MultiLock`]: several locks taken all-or-nothing, and [`MultiLockGuard`], the guard it and
-//! [`RedLock`](crate::RedLock) hand out.
-//!
-//! A multi-lock is a client-side composition of ordinary [`Lock`]s — any mix of names and
-//! clients, so of Redis servers too. It adds nothing to Redis: each part is a plain
-//! Redisson-compatible lock, renewed by its own client's watchdog and released by its own
-//! guard.
-//!
-//! # How it acquires
-//!
-//! It never *waits* while it holds a part. It waits for one part (the first, at the start),
-//! then tries every other part once without waiting. When one of them is busy, it releases
-//! everything it took and waits for *that* part, holding nothing, then tries the rest again.
-//! Two multi-locks over the same parts in different orders therefore cannot deadlock each
-//! other, and a waiter costs Redis no more than a single lock's waiter (it parks on the busy
-//! part's unlock channel).
-//!
-//! # Reentry
-//!
-//! Each part is reentrant for its owner (by default the current tokio task), so a task that
-//! holds a multi-lock may take it, or any of its parts, again; every hold is released on its
-//! own.
-//!
-//! # Differences from Redisson's `RedissonMultiLock`
-//!
-//! - Redisson walks the locks in order and, while holding the first ones, waits for the next
-//!   with the remaining wait time; redbaton never waits while holding (see above), so
-//!   competing multi-locks make progress instead of timing out against each other.
-//! - With a fixed lease Redisson takes each part with a lease of twice the wait time and
-//!   shortens them all to the lease at the end (`PEXPIRE`). redbaton takes each part with the
-//!   lease itself, so the first part taken is the first to expire; the multi-lock counts as
-//!   lost as soon as any part is lost, and [`MultiLockGuard::lost`] says so.
-//! - `unlock()` releases every part and then reports the first error, where Redisson stops at
-//!   the first failure.
+//! [`RedLock`](crate::RedLock) hand out. See [`MultiLock`] for the semantics.
 
 use std::time::Duration;
 
@@ -51,7 +19,37 @@ use crate::{Error, Lock, LockGuard, Result};
 /// # Ok(()) }
 /// ```
 ///
-/// See the [module docs](self) for how it acquires and how it differs from Redisson's.
+/// A multi-lock is a client-side composition of ordinary [`Lock`]s — any mix of names and
+/// clients, so of Redis servers too. It adds nothing to Redis: each part is a plain
+/// Redisson-compatible lock, renewed by its own client's watchdog and released by its own
+/// guard.
+///
+/// # How it acquires
+///
+/// It never *waits* while it holds a part. It waits for one part (the first, at the start),
+/// then tries every other part once without waiting. When one of them is busy, it releases
+/// everything it took and waits for *that* part, holding nothing, then tries the rest again.
+/// Two multi-locks over the same parts in different orders therefore cannot deadlock each
+/// other, and a waiter costs Redis no more than a single lock's waiter (it parks on the busy
+/// part's unlock channel).
+///
+/// # Reentry
+///
+/// Each part is reentrant for its owner (by default the current tokio task), so a task that
+/// holds a multi-lock may take it, or any of its parts, again; every hold is released on its
+/// own.
+///
+/// # Differences from Redisson's `RedissonMultiLock`
+///
+/// - Redisson walks the locks in order and, while holding the first ones, waits for the next
+///   with the remaining wait time; redbaton never waits while holding (see above), so
+///   competing multi-locks make progress instead of timing out against each other.
+/// - With a fixed lease Redisson takes each part with a lease of twice the wait time and
+///   shortens them all to the lease at the end (`PEXPIRE`). redbaton takes each part with the
+///   lease itself, so the first part taken is the first to expire; the multi-lock counts as
+///   lost as soon as any part is lost, and [`MultiLockGuard::lost`] says so.
+/// - `unlock()` releases every part and then reports the first error, where Redisson stops at
+///   the first failure.
 #[derive(Clone, Debug)]
 pub struct MultiLock {
     locks: Vec<Lock>,

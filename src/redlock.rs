@@ -1,61 +1,5 @@
 //! [`RedLock`]: one lock name on N independent Redis masters, held when a majority grants it
-//! (the Redlock algorithm).
-//!
-//! # The algorithm
-//!
-//! One attempt:
-//!
-//! 1. Note the start time; try the lock on **every** node at once, each try bounded by a
-//!    small per-node timeout ([`RedLock::node_timeout`], default 200 ms), so a node that is
-//!    down or slow costs that timeout, not its connect or command timeout.
-//! 2. It succeeds when at least `N/2 + 1` nodes granted it **and** time is left: the validity
-//!    time is `lease − elapsed − drift`, with `drift = lease/100 + 2 ms` for clock-rate
-//!    differences between the nodes and this process. The lease is the fixed lease given, or
-//!    the shortest watchdog lease among the nodes' clients.
-//! 3. Otherwise every grant is released again (on every node, concurrently) and — while the
-//!    caller's wait allows — the attempt is repeated after a random delay
-//!    ([`RedLock::retry_delay`] ± 50 %), so competing clients do not retry in lock step.
-//!
-//! A try that times out is not left behind: each node's acquire is cancellation safe, so a
-//! grant that arrives after its timeout is released by the node's client.
-//!
-//! When fewer than a majority of nodes even *answer* (down, timed out, or an error reply),
-//! the call returns that error instead of `None` — "busy" and "unreachable" stay distinct, as
-//! with a single [`Lock`].
-//!
-//! # Leases, the watchdog and loss
-//!
-//! With the watchdog (methods without a lease) each node's hold is renewed by its own client's
-//! watchdog, so the Redlock stays held on every node that granted it. The guard
-//! ([`RedLockGuard`]) reports [`lost`](crate::MultiLockGuard::lost) when fewer than a majority
-//! of its holds remain (expired, deleted, or not renewable for a whole lease). With a fixed
-//! lease it is also lost once the validity time computed at acquisition has passed.
-//!
-//! # Reentry
-//!
-//! The lock on each node is reentrant for its owner (by default the current tokio task): a
-//! task holding the Redlock takes it again at once (each node's count goes up), and must
-//! release each hold.
-//!
-//! # A node restarted empty
-//!
-//! A node that crashes and restarts **without** its data forgets the hold; another client can
-//! then win a majority with that node's help while the first still believes it holds the
-//! lock. Redlock's answer is to keep a restarted node out for longer than the longest lease
-//! (delayed restart), or to run the nodes with `appendonly yes` and `appendfsync always`. The
-//! watchdog narrows the window: its next renewal finds the hold gone on the restarted node and
-//! the guard reports lost if that leaves fewer than a majority.
-//!
-//! # Differences from Redisson's `RedissonRedLock`
-//!
-//! - Redisson tries the nodes one after another, each with a share of the wait time; redbaton
-//!   tries them in parallel with a per-node timeout, as the Redlock description asks, so one
-//!   attempt costs about one round trip (or the per-node timeout), not N of them.
-//! - Redisson does not subtract a clock drift; redbaton does, as the Redlock description asks.
-//! - Redisson's `unlock()` swallows every error; redbaton's reports an error when no node
-//!   could be reached and [`Error::NotHeld`] when the majority was already lost.
-//! - Redisson deprecated `RedLock` in favour of a single lock with synchronous replication;
-//!   redbaton keeps it for deployments of independent masters, with the caveats above.
+//! (the Redlock algorithm). See [`RedLock`] for the semantics.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -84,7 +28,61 @@ const DEFAULT_RETRY_DELAY: Duration = Duration::from_millis(200);
 /// # Ok(()) }
 /// ```
 ///
-/// See the [module docs](self) for the algorithm and its limits.
+/// # The algorithm
+///
+/// One attempt:
+///
+/// 1. Note the start time; try the lock on **every** node at once, each try bounded by a
+///    small per-node timeout ([`RedLock::node_timeout`], default 200 ms), so a node that is
+///    down or slow costs that timeout, not its connect or command timeout.
+/// 2. It succeeds when at least `N/2 + 1` nodes granted it **and** time is left: the validity
+///    time is `lease − elapsed − drift`, with `drift = lease/100 + 2 ms` for clock-rate
+///    differences between the nodes and this process. The lease is the fixed lease given, or
+///    the shortest watchdog lease among the nodes' clients.
+/// 3. Otherwise every grant is released again (on every node, concurrently) and — while the
+///    caller's wait allows — the attempt is repeated after a random delay
+///    ([`RedLock::retry_delay`] ± 50 %), so competing clients do not retry in lock step.
+///
+/// A try that times out is not left behind: each node's acquire is cancellation safe, so a
+/// grant that arrives after its timeout is released by the node's client.
+///
+/// When fewer than a majority of nodes even *answer* (down, timed out, or an error reply),
+/// the call returns that error instead of `None` — "busy" and "unreachable" stay distinct, as
+/// with a single [`Lock`].
+///
+/// # Leases, the watchdog and loss
+///
+/// With the watchdog (methods without a lease) each node's hold is renewed by its own client's
+/// watchdog, so the Redlock stays held on every node that granted it. The guard
+/// ([`RedLockGuard`]) reports [`lost`](crate::MultiLockGuard::lost) when fewer than a majority
+/// of its holds remain (expired, deleted, or not renewable for a whole lease). With a fixed
+/// lease it is also lost once the validity time computed at acquisition has passed.
+///
+/// # Reentry
+///
+/// The lock on each node is reentrant for its owner (by default the current tokio task): a
+/// task holding the Redlock takes it again at once (each node's count goes up), and must
+/// release each hold.
+///
+/// # A node restarted empty
+///
+/// A node that crashes and restarts **without** its data forgets the hold; another client can
+/// then win a majority with that node's help while the first still believes it holds the
+/// lock. Redlock's answer is to keep a restarted node out for longer than the longest lease
+/// (delayed restart), or to run the nodes with `appendonly yes` and `appendfsync always`. The
+/// watchdog narrows the window: its next renewal finds the hold gone on the restarted node and
+/// the guard reports lost if that leaves fewer than a majority.
+///
+/// # Differences from Redisson's `RedissonRedLock`
+///
+/// - Redisson tries the nodes one after another, each with a share of the wait time; redbaton
+///   tries them in parallel with a per-node timeout, as the Redlock description asks, so one
+///   attempt costs about one round trip (or the per-node timeout), not N of them.
+/// - Redisson does not subtract a clock drift; redbaton does, as the Redlock description asks.
+/// - Redisson's `unlock()` swallows every error; redbaton's reports an error when no node
+///   could be reached and [`Error::NotHeld`] when the majority was already lost.
+/// - Redisson deprecated `RedLock` in favour of a single lock with synchronous replication;
+///   redbaton keeps it for deployments of independent masters, with the caveats above.
 #[derive(Clone, Debug)]
 pub struct RedLock {
     locks: Vec<Lock>,

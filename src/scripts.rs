@@ -87,8 +87,7 @@ impl Scripts {
             owner.into(),
             publish.into(),
         ];
-        let reply: Option<i64> = run(&self.unlock, client, vec![key, channel], args)
-            .await?;
+        let reply: Option<i64> = run(&self.unlock, client, vec![key, channel], args).await?;
         Ok(match reply {
             None => UnlockReply::NotHeld,
             Some(0) => UnlockReply::StillHeld,
@@ -105,8 +104,7 @@ impl Scripts {
         publish: &'static str,
     ) -> Result<bool, FredError> {
         let args: Vec<Value> = vec![UNLOCK_MESSAGE.into(), publish.into()];
-        let deleted: i64 = run(&self.force_unlock, client, vec![key, channel], args)
-            .await?;
+        let deleted: i64 = run(&self.force_unlock, client, vec![key, channel], args).await?;
         Ok(deleted == 1)
     }
 
@@ -120,8 +118,7 @@ impl Scripts {
         publish: &'static str,
     ) -> Result<bool, FredError> {
         let args: Vec<Value> = vec![UNLOCK_MESSAGE.into(), owner.into(), publish.into()];
-        let held: i64 = run(&self.release_owner, client, vec![key, channel], args)
-            .await?;
+        let held: i64 = run(&self.release_owner, client, vec![key, channel], args).await?;
         Ok(held == 1)
     }
 
@@ -146,19 +143,39 @@ pub(crate) fn is_spent_redirect(e: &FredError) -> bool {
     e.details() == "Too many failed write attempts."
 }
 
-/// EVALSHA with the NOSCRIPT reload, re-sent once after a cluster redirection. A redirected
+/// How often a script redirected by the cluster is re-sent.
+const REDIRECT_RESENDS: u32 = 3;
+
+/// EVALSHA with the NOSCRIPT reload, re-sent after a cluster redirection. A redirected
 /// command did not run (the node answered MOVED/ASK instead), and fred re-read the slot map
-/// before giving up, so the one re-send goes to the slot's new owner and runs the step once.
-async fn run<R, K>(script: &Script, client: &Client, keys: K, args: Vec<Value>) -> Result<R, FredError>
+/// before giving up, so a re-send goes to the slot's new owner and runs the step once. While
+/// a failover settles the nodes may briefly disagree about the owner: a few re-sends, spaced
+/// a little, ride that out.
+async fn run<R, K>(
+    script: &Script,
+    client: &Client,
+    keys: K,
+    args: Vec<Value>,
+) -> Result<R, FredError>
 where
     R: fred::types::FromValue,
     K: Into<fred::types::MultipleKeys> + Clone + Send,
 {
-    match script.evalsha_with_reload(client, keys.clone(), args.clone()).await {
-        Err(e) if is_spent_redirect(&e) => {
-            tracing::debug!("script redirected by the cluster; re-sending to the new owner");
-            script.evalsha_with_reload(client, keys, args).await
+    let mut resends = 0;
+    loop {
+        match script
+            .evalsha_with_reload(client, keys.clone(), args.clone())
+            .await
+        {
+            Err(e) if is_spent_redirect(&e) && resends < REDIRECT_RESENDS => {
+                resends += 1;
+                tracing::debug!(resends, "script redirected by the cluster; re-sending");
+                if resends > 1 {
+                    tokio::time::sleep(std::time::Duration::from_millis(50 * u64::from(resends)))
+                        .await;
+                }
+            }
+            other => return other,
         }
-        other => other,
     }
 }

@@ -131,13 +131,17 @@ impl Watchdog {
         let mut holds = self.holds.lock();
         let map_key = (key.clone(), owner.clone());
         if let Some(hold) = holds.get(&map_key) {
-            if !hold.lost.load(Ordering::Acquire) {
+            // A hold whose lease already ran out by the local clock is over, even if the
+            // watchdog has not noticed yet: the lock was taken anew, and reviving the old
+            // hold would let its stale guards release the new one.
+            if !hold.is_lost() {
                 let mut state = hold.state.lock();
                 state.guards += 1;
                 state.watchdog_guards += watchdog;
                 state.valid_until = state.valid_until.max(valid_until);
                 return hold.clone();
             }
+            hold.mark_lost("lease ran out before the lock was taken again");
         }
         let hold = Arc::new(Hold {
             key: key.clone(),
@@ -234,8 +238,7 @@ impl Watchdog {
         let groups = slot_groups(self.snapshot(), inner.redis.is_clustered());
         // Groups run concurrently: on a cluster, a primary that is down must not hold up the
         // renewal of locks on the others past the round's time limit.
-        futures::future::join_all(groups.iter().map(|group| self.renew_group(inner, group)))
-            .await;
+        futures::future::join_all(groups.iter().map(|group| self.renew_group(inner, group))).await;
     }
 
     async fn renew_group(&self, inner: &ClientInner, group: &[(Arc<Hold>, i64)]) {

@@ -31,7 +31,10 @@ async fn snapshot(raw: &fred::clients::Client) -> BTreeMap<Vec<u8>, (Vec<u8>, bo
             .await
             .unwrap();
         let pttl: i64 = raw.pttl(key.as_slice()).await.unwrap();
-        out.insert(key, (dump.as_bytes().unwrap_or_default().to_vec(), pttl >= 0));
+        out.insert(
+            key,
+            (dump.as_bytes().unwrap_or_default().to_vec(), pttl >= 0),
+        );
     }
     out
 }
@@ -157,13 +160,17 @@ async fn leases_out_of_range_are_refused_and_the_extremes_work() {
     let lock = client.lock("lease");
     let before = snapshot(&raw).await;
     let sent = calls(&raw).await;
-    invalid(lock.lock_with_lease(Duration::ZERO).await, "shorter than 1 ms");
+    invalid(
+        lock.lock_with_lease(Duration::ZERO).await,
+        "shorter than 1 ms",
+    );
     invalid(
         lock.lock_with_lease(Duration::from_micros(999)).await,
         "shorter than 1 ms",
     );
     invalid(
-        lock.lock_with_lease(MAX_LEASE + Duration::from_millis(1)).await,
+        lock.lock_with_lease(MAX_LEASE + Duration::from_millis(1))
+            .await,
         "longer than Redis accepts",
     );
     invalid(
@@ -171,7 +178,8 @@ async fn leases_out_of_range_are_refused_and_the_extremes_work() {
         "longer than Redis accepts",
     );
     invalid(
-        lock.try_lock_with_lease(Duration::ZERO, Duration::ZERO).await,
+        lock.try_lock_with_lease(Duration::ZERO, Duration::ZERO)
+            .await,
         "shorter than 1 ms",
     );
     invalid(
@@ -187,7 +195,10 @@ async fn leases_out_of_range_are_refused_and_the_extremes_work() {
     assert!(pttl > i64::MAX / 4, "{pttl}");
     assert!(!guard.is_lost());
     guard.unlock().await.unwrap();
-    let guard = lock.lock_with_lease(Duration::from_millis(1)).await.unwrap();
+    let guard = lock
+        .lock_with_lease(Duration::from_millis(1))
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(20)).await;
     assert!(guard.is_lost());
     assert!(!lock.is_locked().await.unwrap(), "a 1 ms lease expired");
@@ -244,26 +255,31 @@ async fn zero_and_endless_waits() {
     // Duration::MAX waits without a deadline (and without overflowing one).
     let endless = {
         let lock = lock.clone();
-        tokio::spawn(async move { lock.try_lock_for(Duration::MAX).await })
+        tokio::spawn(async move {
+            let guard = lock.try_lock_for(Duration::MAX).await.unwrap();
+            guard.expect("acquired").unlock().await
+        })
     };
     let endless_fixed = {
         let lock = lock.clone();
         tokio::spawn(async move {
-            lock.try_lock_with_lease(Duration::MAX, Duration::from_secs(5))
+            let guard = lock
+                .try_lock_with_lease(Duration::MAX, Duration::from_secs(5))
                 .await
+                .unwrap();
+            guard.expect("acquired").unlock().await
         })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!endless.is_finished() && !endless_fixed.is_finished());
     held.unlock().await.unwrap();
+    // Each waiter releases in its own task, so they hand the lock to each other.
     for task in [endless, endless_fixed] {
-        let guard = tokio::time::timeout(Duration::from_secs(5), task)
+        tokio::time::timeout(Duration::from_secs(5), task)
             .await
             .expect("an endless wait ends when the lock is free")
             .unwrap()
-            .unwrap()
-            .expect("acquired");
-        guard.unlock().await.unwrap();
+            .unwrap();
     }
     client.shutdown().await.unwrap();
     other.shutdown().await.unwrap();
@@ -277,7 +293,10 @@ fn wrong_type(result: redbaton::Result<impl std::fmt::Debug>, name: &str) -> Str
             };
             assert_eq!(got, name);
             let message = err.to_string();
-            assert!(message.contains(name) && message.contains("not a lock"), "{message}");
+            assert!(
+                message.contains(name) && message.contains("not a lock"),
+                "{message}"
+            );
             message
         }
         other => panic!("expected WrongType for {name}, got {other:?}"),
@@ -291,8 +310,20 @@ async fn keys_that_are_not_locks_give_wrong_type_and_stay_untouched() {
     let server = RedisServer::start();
     let raw = server.raw().await;
     let client = Client::connect(&server.url()).await.unwrap();
-    let _: () = raw.set("a-string", "payload", None, None, false).await.unwrap();
-    let _: () = raw.set("a-string-ttl", "payload", Some(Expiration::EX(600)), None, false).await.unwrap();
+    let _: () = raw
+        .set("a-string", "payload", None, None, false)
+        .await
+        .unwrap();
+    let _: () = raw
+        .set(
+            "a-string-ttl",
+            "payload",
+            Some(Expiration::EX(600)),
+            None,
+            false,
+        )
+        .await
+        .unwrap();
     let _: i64 = raw.rpush("a-list", vec!["x", "y"]).await.unwrap();
     let _: () = raw.hset("a-hash", ("field", "value")).await.unwrap();
     let before = snapshot(&raw).await;
@@ -301,7 +332,9 @@ async fn keys_that_are_not_locks_give_wrong_type_and_stay_untouched() {
         let lock = client.lock(name);
         let within = Duration::from_secs(5);
         let message = wrong_type(
-            tokio::time::timeout(within, lock.lock()).await.expect("no hang"),
+            tokio::time::timeout(within, lock.lock())
+                .await
+                .expect("no hang"),
             name,
         );
         println!("{message}");
@@ -358,7 +391,11 @@ async fn releasing_a_hold_that_is_gone_is_not_held_and_changes_nothing() {
     let raw = server.raw().await;
     let client = Client::connect(&server.url()).await.unwrap();
     let other = Client::connect(&server.url()).await.unwrap();
-    let not_held = |name: &str| Err(Error::NotHeld { name: name.to_owned() });
+    let not_held = |name: &str| {
+        Err(Error::NotHeld {
+            name: name.to_owned(),
+        })
+    };
 
     // After force_unlock, with another client holding it anew.
     let lock = client.lock("twice");
@@ -372,11 +409,18 @@ async fn releasing_a_hold_that_is_gone_is_not_held_and_changes_nothing() {
         err.unwrap_err().to_string(),
         "lock \"twice\" is not held by this owner (expired, force-unlocked or never taken)"
     );
-    assert_eq!(before, snapshot(&raw).await, "the other client's hold is intact");
+    assert_eq!(
+        before,
+        snapshot(&raw).await,
+        "the other client's hold is intact"
+    );
     taken.unlock().await.unwrap();
 
     // After expiry, with another client holding it anew.
-    let guard = lock.lock_with_lease(Duration::from_millis(200)).await.unwrap();
+    let guard = lock
+        .lock_with_lease(Duration::from_millis(200))
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let taken = other.lock("twice").try_lock().await.unwrap().unwrap();
     let before = snapshot(&raw).await;
@@ -385,7 +429,10 @@ async fn releasing_a_hold_that_is_gone_is_not_held_and_changes_nothing() {
     taken.unlock().await.unwrap();
 
     // After expiry, with the same owner (this task) holding it anew.
-    let stale = lock.lock_with_lease(Duration::from_millis(200)).await.unwrap();
+    let stale = lock
+        .lock_with_lease(Duration::from_millis(200))
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let fresh = lock.lock().await.unwrap();
     assert_eq!(stale.owner(), fresh.owner());
@@ -397,7 +444,10 @@ async fn releasing_a_hold_that_is_gone_is_not_held_and_changes_nothing() {
     assert!(!lock.is_locked().await.unwrap());
 
     // A dropped stale guard is just as harmless.
-    let stale = lock.lock_with_lease(Duration::from_millis(200)).await.unwrap();
+    let stale = lock
+        .lock_with_lease(Duration::from_millis(200))
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let fresh = lock.lock().await.unwrap();
     drop(stale);
@@ -428,12 +478,21 @@ async fn guards_and_locks_after_shutdown_say_shut_down() {
     assert_eq!(lock.hold_count().await.unwrap_err(), Error::ShutDown);
     assert_eq!(lock.force_unlock().await.unwrap_err(), Error::ShutDown);
     assert_eq!(
-        client.lock("new").is_locked().await.unwrap_err().to_string(),
+        client
+            .lock("new")
+            .is_locked()
+            .await
+            .unwrap_err()
+            .to_string(),
         "the client was shut down"
     );
     client.shutdown().await.unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(before, snapshot(&raw).await, "nothing was sent after shutdown");
+    assert_eq!(
+        before,
+        snapshot(&raw).await,
+        "nothing was sent after shutdown"
+    );
 }
 
 #[tokio::test]
@@ -451,7 +510,15 @@ async fn owner_ids_are_random_uuid_v4() {
         guard.unlock().await.unwrap();
         client.shutdown().await.unwrap();
     }
-    for bad in ["", "no-colon", "uuid:", ":7", "uuid:-1", "uuid:x", "has space:1"] {
+    for bad in [
+        "",
+        "no-colon",
+        "uuid:",
+        ":7",
+        "uuid:-1",
+        "uuid:x",
+        "has space:1",
+    ] {
         assert!(
             matches!(bad.parse::<Owner>(), Err(Error::InvalidArgument(_))),
             "{bad:?}"

@@ -9,7 +9,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use cli_support::{
-    bin, process_gone, redbaton, run, run_within, send_signal, wait_for_file, wait_within, TempDir,
+    bin, process_gone, redbaton, run, run_within, send_signal, wait_for_file, wait_within,
+    KillOnDrop, TempDir,
 };
 use support::RedisServer;
 
@@ -40,7 +41,7 @@ fn status_json(url: &str, name: &str) -> (i32, serde_json::Value) {
 }
 
 /// Starts `redbaton exec NAME -- sh -c SCRIPT` in the background.
-fn spawn_exec(url: &str, extra: &[&str], name: &str, script: &str) -> std::process::Child {
+fn spawn_exec(url: &str, extra: &[&str], name: &str, script: &str) -> KillOnDrop {
     let mut args = vec!["exec"];
     args.extend_from_slice(extra);
     args.extend_from_slice(&[name, "--", "sh", "-c", script]);
@@ -48,6 +49,7 @@ fn spawn_exec(url: &str, extra: &[&str], name: &str, script: &str) -> std::proce
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
+        .map(KillOnDrop)
         .unwrap()
 }
 
@@ -59,6 +61,8 @@ fn usage_errors_exit_64() {
         &["exec", "name"][..],                             // no CMD
         &["exec", "--wait", "soon", "name", "--", "true"], // bad duration
         &["exec", "--lease", "-5", "name", "--", "true"],
+        &["exec", "--lease", "0", "name", "--", "true"],
+        &["--watchdog-lease", "1x", "exec", "name", "--", "true"],
         &["unlock", "name"][..], // --force is required
         &["frobnicate"][..],
     ] {
@@ -66,6 +70,8 @@ fn usage_errors_exit_64() {
         assert_eq!(code, 64, "{args:?}: {err}");
         assert!(!err.is_empty(), "{args:?} explains itself");
     }
+    let (_, _, err) = run(redbaton(url, &["exec", "name", "true"]));
+    assert!(err.contains("put `--` before CMD"), "{err}");
     let (code, out, _) = run(redbaton(url, &["--help"]));
     assert_eq!(code, 0);
     assert!(out.contains("76") && out.contains("lease lost"), "{out}");
@@ -293,6 +299,25 @@ fn a_fixed_lease_outlived_by_cmd_is_a_lost_lease() {
     ));
     assert_eq!(code, 76, "{err}");
     assert!(start.elapsed() < 10 * SEC);
+    // A CMD that ignores SIGTERM gets SIGKILL after --kill-after.
+    let start = Instant::now();
+    let (code, _, err) = run(redbaton(
+        &url,
+        &[
+            "exec",
+            "--lease",
+            "700ms",
+            "--kill-after",
+            "300ms",
+            "short",
+            "--",
+            "sh",
+            "-c",
+            "trap '' TERM; while :; do sleep 0.05; done",
+        ],
+    ));
+    assert_eq!(code, 76, "{err}");
+    assert!(start.elapsed() < 10 * SEC, "took {:?}", start.elapsed());
     // A command that ends within its lease is fine.
     let (code, _, _) = run(redbaton(
         &url,
@@ -519,4 +544,39 @@ fn cmd_does_not_outlive_a_killed_redbaton() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+#[test]
+fn on_a_terminal_cmd_gets_the_foreground() {
+    // `script` (util-linux) gives redbaton a pseudo-terminal as stdin; CMD reads from it,
+    // which stops a background process group (SIGTTIN) instead of reading.
+    let server = RedisServer::start();
+    let inner = format!(
+        "{} --url {} exec tty -- sh -c 'read x; echo \"got=$x $(cut -d\" \" -f5,8 /proc/$$/stat)\"'",
+        bin(),
+        server.url()
+    );
+    let mut child = Command::new("script")
+        .args(["-qec", &inner, "/dev/null"])
+        .env_remove("REDIS_URL")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map(KillOnDrop)
+        .expect("script(1) from util-linux");
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), b"hello\n").unwrap();
+    let status = wait_within(&mut child, 20 * SEC).expect("CMD could read the terminal");
+    let mut out = String::new();
+    std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut out).unwrap();
+    assert!(status.success(), "{out}");
+    let line = out
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("got=hello "))
+        .unwrap_or_else(|| panic!("no answer from CMD: {out:?}"));
+    let (pgrp, tpgid) = line.split_once(' ').unwrap();
+    assert_eq!(
+        pgrp, tpgid,
+        "CMD's group is the terminal's foreground group"
+    );
 }

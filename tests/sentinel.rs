@@ -121,7 +121,11 @@ async fn unreplicated_hold_is_lost_and_the_guard_says_so() {
     let _: i64 = holder
         .redis()
         .custom(
-            fred::types::CustomCommand::new_static("CLIENT", fred::types::ClusterHash::Random, false),
+            fred::types::CustomCommand::new_static(
+                "CLIENT",
+                fred::types::ClusterHash::Random,
+                false,
+            ),
             vec!["KILL", "TYPE", "replica"],
         )
         .await

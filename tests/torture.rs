@@ -22,7 +22,7 @@ use tokio::time::Instant;
 const CLIENTS: usize = 4;
 const TASKS_PER_CLIENT: usize = 16;
 const NAMES: [&str; 3] = ["torture:a", "torture:b", "{torture}:c"];
-const ROUNDS_PER_TASK: usize = 18;
+const ROUNDS_PER_TASK: usize = 50;
 
 #[derive(Clone, Debug)]
 struct Section {
@@ -118,13 +118,18 @@ async fn inject_faults(raw: fred::clients::Client, stop: Arc<AtomicBool>) -> Vec
     let mut injected = Vec::new();
     let mut step = 0usize;
     while !stop.load(Ordering::Acquire) {
-        tokio::time::sleep(Duration::from_millis(700)).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
         if stop.load(Ordering::Acquire) {
             break;
         }
         let fault = match step % 3 {
             0 => {
-                let _ = command(&raw, "CLIENT", vec!["KILL".into(), "TYPE".into(), "pubsub".into()]).await;
+                let _ = command(
+                    &raw,
+                    "CLIENT",
+                    vec!["KILL".into(), "TYPE".into(), "pubsub".into()],
+                )
+                .await;
                 "pubsub kill"
             }
             1 => {
@@ -132,7 +137,12 @@ async fn inject_faults(raw: fred::clients::Client, stop: Arc<AtomicBool>) -> Vec
                 "script flush"
             }
             _ => {
-                let _ = command(&raw, "CLIENT", vec!["PAUSE".into(), "250".into(), "ALL".into()]).await;
+                let _ = command(
+                    &raw,
+                    "CLIENT",
+                    vec!["PAUSE".into(), "250".into(), "ALL".into()],
+                )
+                .await;
                 "client pause 250 ms"
             }
         };
@@ -210,7 +220,10 @@ async fn mutual_exclusion_holds_under_faults() {
         }
         // Fencing numbers, taken inside the sections, follow their order.
         for pair in mine.windows(2) {
-            assert!(pair[0].fence < pair[1].fence, "{name}: fencing out of order");
+            assert!(
+                pair[0].fence < pair[1].fence,
+                "{name}: fencing out of order"
+            );
         }
         let fence: i64 = raw.get(format!("fence:{name}")).await.unwrap();
         assert_eq!(fence as usize, mine.len(), "{name}: one fence per section");
@@ -228,7 +241,10 @@ async fn mutual_exclusion_holds_under_faults() {
          from {finished} tasks in {elapsed:?}; faults injected: {injected:?}",
         sections.len()
     );
-    assert_eq!(lost, 0, "no lease was lost: every fault was shorter than the lease");
+    assert_eq!(
+        lost, 0,
+        "no lease was lost: every fault was shorter than the lease"
+    );
     assert!(injected.len() >= 3, "every kind of fault ran: {injected:?}");
     assert!(checked > 500, "enough history to mean something: {checked}");
     for client in clients {

@@ -5,17 +5,10 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-/// Text shown after `--help`: examples and the exit-status table.
-const AFTER_HELP: &str = "\
-Examples:
-  redbaton exec nightly-report -- ./report.sh          # wait for the lock, then run
-  redbaton exec --wait 0 nightly-report -- ./report.sh # skip if another host runs it
-  redbaton exec --wait 30s deploy -- make deploy        # give up after 30 s (exit 75)
-  redbaton status deploy --json                         # exit 0 if locked, 1 if free
-  redbaton unlock --force deploy                        # delete a stuck lock
-  redbaton demo                                         # flash-sale demo, private Redis
-
-Exit status of exec:
+/// The exit-status table, shown by `--help` and `exec --help`.
+macro_rules! exit_table {
+    () => {
+        "Exit status of exec:
   CMD's own     CMD ran; 128+N when signal N killed it
   75            lock not acquired within --wait (see --conflict-exit-code)
   76            lease lost while CMD ran; CMD's process group was stopped
@@ -26,7 +19,37 @@ Exit status of exec:
   77            authentication refused
   70            anything else
 status exits 0 when locked and 1 when free; unlock --force exits 0 when it deleted a lock
-and 1 when there was none; errors use the codes above.";
+and 1 when there was none; errors use the codes above."
+    };
+}
+
+/// Text shown after `--help`: examples and the exit-status table.
+const AFTER_HELP: &str = concat!(
+    "Examples:
+  redbaton exec nightly-report -- ./report.sh          # wait for the lock, then run
+  redbaton exec --wait 0 nightly-report -- ./report.sh # skip if another host runs it
+  redbaton exec --wait 30s deploy -- make deploy        # give up after 30 s (exit 75)
+  redbaton status deploy --json                         # exit 0 if locked, 1 if free
+  redbaton unlock --force deploy                        # delete a stuck lock
+  redbaton demo                                         # flash-sale demo, private Redis
+
+CMD runs in a process group of its own with REDBATON_LOCK and REDBATON_OWNER set; a nested
+`redbaton exec` of the same NAME re-enters the lock. SIGINT, SIGTERM and SIGHUP are forwarded
+to CMD's group.
+
+",
+    exit_table!()
+);
+
+/// Text shown after `exec --help`.
+const EXEC_AFTER_HELP: &str = concat!(
+    "Examples:
+  redbaton exec --wait 0 backup -- sh -c 'pg_dump db > /backup/db.sql'
+  redbaton exec --wait 10m deploy -- ./deploy.sh v1.2.3
+
+",
+    exit_table!()
+);
 
 /// Run commands under a Redis lock shared with Redisson (Java) services.
 #[derive(Debug, Parser)]
@@ -42,8 +65,9 @@ pub struct Cli {
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
 
-    /// The watchdog lease: how long a lock outlives a crashed redbaton (renewed every third).
-    #[arg(long, global = true, value_parser = parse_duration, default_value = "30s", hide = true)]
+    /// The watchdog lease: how long a lock outlives a crashed redbaton; renewed every third
+    /// of it while CMD runs (at least 100ms).
+    #[arg(long, global = true, value_parser = parse_lease, default_value = "30s")]
     pub watchdog_lease: Duration,
 
     #[command(subcommand)]
@@ -68,9 +92,7 @@ pub enum Command {
 
 /// `exec`
 #[derive(Debug, Args)]
-#[command(after_help = "Examples:
-  redbaton exec --wait 0 backup -- sh -c 'pg_dump db > /backup/db.sql'
-  redbaton exec --wait 10m deploy -- ./deploy.sh v1.2.3")]
+#[command(after_help = EXEC_AFTER_HELP)]
 pub struct ExecArgs {
     /// The lock's name (any non-empty string up to 64 KiB; the Redis key).
     pub name: String,
@@ -79,7 +101,7 @@ pub struct ExecArgs {
     #[arg(short, long, value_parser = parse_duration)]
     pub wait: Option<Duration>,
     /// A fixed lease instead of the watchdog: CMD outliving it counts as a lost lease.
-    #[arg(short, long, value_parser = parse_duration)]
+    #[arg(short, long, value_parser = parse_lease)]
     pub lease: Option<Duration>,
     /// After a lost lease, how long CMD gets between SIGTERM and SIGKILL.
     #[arg(long, value_parser = parse_duration, default_value = "10s")]
@@ -158,6 +180,15 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     })
 }
 
+/// A lease: a duration of at least one millisecond.
+pub fn parse_lease(text: &str) -> Result<Duration, String> {
+    let lease = parse_duration(text)?;
+    if lease < Duration::from_millis(1) {
+        return Err(format!("{text:?} is shorter than the shortest lease, 1ms"));
+    }
+    Ok(lease)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -173,6 +204,8 @@ mod tests {
         assert!(parse_duration("NaN").is_err());
         assert!(parse_duration("soon").is_err());
         assert!(parse_duration("").is_err());
+        assert!(parse_lease("0").is_err());
+        assert_eq!(parse_lease("1ms"), Ok(Duration::from_millis(1)));
     }
 
     #[test]

@@ -28,6 +28,13 @@ fn main() -> ExitCode {
         Err(err) => {
             let code = if err.use_stderr() { exit::USAGE } else { 0 };
             let _ = err.print();
+            let args: Vec<String> = std::env::args().collect();
+            if err.kind() == clap::error::ErrorKind::UnknownArgument
+                && args.iter().any(|a| a == "exec")
+                && !args.iter().any(|a| a == "--")
+            {
+                eprintln!("redbaton: put `--` before CMD: redbaton exec NAME -- CMD [ARGS...]");
+            }
             return ExitCode::from(code);
         }
     };

@@ -1,0 +1,373 @@
+//! Security: TLS with a private CA (certificates made with `openssl` here), refused TLS
+//! handshakes, ACL users and passwords, and a user restricted to exactly the ACL a lock
+//! user needs (the one README.md documents).
+
+mod support;
+
+use std::time::Duration;
+
+use fred::prelude::*;
+use redbaton::{Client, Error};
+use support::tls::TestCerts;
+use support::{command, free_port, RedisServer};
+use tokio::time::Instant;
+
+/// A server with a TLS port next to its plain port.
+fn tls_server(certs: &TestCerts) -> (RedisServer, u16) {
+    let tls_port = free_port();
+    let server = RedisServer::start_with(&[
+        "--tls-port",
+        &tls_port.to_string(),
+        "--tls-cert-file",
+        &certs.path("server.crt"),
+        "--tls-key-file",
+        &certs.path("server.key"),
+        "--tls-ca-cert-file",
+        &certs.path("ca.crt"),
+        "--tls-auth-clients",
+        "no",
+    ]);
+    (server, tls_port)
+}
+
+fn builder(url: &str) -> redbaton::Builder {
+    Client::builder()
+        .url(url)
+        .connect_timeout(Duration::from_secs(2))
+        .command_timeout(Duration::from_secs(2))
+}
+
+/// Locks, waits, is woken and unlocks through `a` and `b`.
+async fn lock_wait_wake_unlock(a: &Client, b: &Client, name: &str) {
+    let guard = a.lock(name).lock().await.unwrap();
+    assert!(b.lock(name).try_lock().await.unwrap().is_none());
+    let waiter = {
+        let lock = b.lock(name);
+        tokio::spawn(async move {
+            let guard = lock.lock().await.unwrap();
+            let at = Instant::now();
+            guard.unlock().await.unwrap();
+            at
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let released = Instant::now();
+    guard.unlock().await.unwrap();
+    let woke = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        woke.duration_since(released) < Duration::from_secs(2),
+        "woken by the unlock message, not by the 30 s lease"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_with_a_private_ca() {
+    let certs = TestCerts::new("ok");
+    let (server, tls_port) = tls_server(&certs);
+    let url = format!("rediss://127.0.0.1:{tls_port}");
+    let a = builder(&url)
+        .tls_ca_file(certs.ca())
+        .connect()
+        .await
+        .unwrap();
+    let b = builder(&url)
+        .tls_ca_file(certs.ca())
+        .connect()
+        .await
+        .unwrap();
+    lock_wait_wake_unlock(&a, &b, "tls").await;
+    let guard = a.lock("tls").lock().await.unwrap();
+    assert!(b.lock("tls").force_unlock().await.unwrap());
+    tokio::time::timeout(Duration::from_secs(15), guard.lost())
+        .await
+        .expect("lost after force_unlock");
+    // The lock really went over the TLS port: the server counts TLS clients in INFO.
+    let raw = server.raw().await;
+    let clients: String = raw
+        .info(Some(fred::types::InfoKind::Clients))
+        .await
+        .unwrap();
+    assert!(clients.contains("connected_clients:"), "{clients}");
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
+
+/// Each way a TLS connection can be refused gives a clear error, quickly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_tls_is_a_clear_error() {
+    let certs = TestCerts::new("refused");
+    let other_ca = TestCerts::new("other");
+    let (server, tls_port) = tls_server(&certs);
+    let tls_url = format!("rediss://127.0.0.1:{tls_port}");
+
+    let cases: Vec<(&str, redbaton::Builder, &[&str])> = vec![
+        (
+            "system roots do not trust the test CA",
+            builder(&tls_url),
+            &["certificate is not trusted: IO: Custom { kind: InvalidData, error: InvalidCertificate(UnknownIssuer) }"],
+        ),
+        (
+            "a CA file of another CA",
+            builder(&tls_url).tls_ca_file(other_ca.ca()),
+            &["certificate is not trusted"],
+        ),
+        (
+            "TLS to a plain-text port",
+            builder(&format!("rediss://127.0.0.1:{}", server.port)).tls_ca_file(certs.ca()),
+            &["does the server speak TLS on this port?"],
+        ),
+        (
+            "plain text to a TLS port",
+            builder(&format!("redis://127.0.0.1:{tls_port}")),
+            &["127.0.0.1"],
+        ),
+    ];
+    for (what, builder, needles) in cases {
+        let started = Instant::now();
+        let err = builder.connect().await.unwrap_err();
+        let message = err.to_string();
+        println!("{what}: {message}");
+        assert!(
+            matches!(err, Error::Connection(_)),
+            "{what}: a connection error, got {err:?}"
+        );
+        assert!(
+            needles.iter().any(|n| message.contains(n)),
+            "{what}: the message says why: {message}"
+        );
+        assert!(
+            message.contains("127.0.0.1"),
+            "{what}: names the server: {message}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(6),
+            "{what}: {:?}",
+            started.elapsed()
+        );
+    }
+
+    // Misconfiguration is refused before connecting.
+    let plain = builder(&server.url())
+        .tls_ca_file(certs.ca())
+        .connect()
+        .await;
+    assert!(
+        matches!(&plain, Err(Error::InvalidArgument(m)) if m.contains("rediss://")),
+        "{plain:?}"
+    );
+    let missing = builder(&tls_url)
+        .tls_ca_file(certs.dir.join("missing.pem"))
+        .connect()
+        .await;
+    assert!(
+        matches!(&missing, Err(Error::InvalidArgument(m)) if m.contains("missing.pem")),
+        "{missing:?}"
+    );
+    let not_pem = builder(&tls_url)
+        .tls_ca_file(certs.dir.join("server.ext"))
+        .connect()
+        .await;
+    assert!(
+        matches!(&not_pem, Err(Error::InvalidArgument(m)) if m.contains("no PEM certificate")),
+        "{not_pem:?}"
+    );
+}
+
+async fn set_user(raw: &fred::clients::Client, user: &str, rules: &[&str]) {
+    let mut args: Vec<String> = vec!["SETUSER".into(), user.into(), "reset".into()];
+    args.extend(rules.iter().map(|r| r.to_string()));
+    let _ = command(raw, "ACL", args).await;
+}
+
+#[tokio::test]
+async fn acl_user_with_password_and_wrong_credentials() {
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    set_user(&raw, "app", &["on", ">s3cret-pw", "~*", "&*", "+@all"]).await;
+    let port = server.port;
+    let client = Client::connect(&format!("redis://app:s3cret-pw@127.0.0.1:{port}"))
+        .await
+        .unwrap();
+    let guard = client.lock("acl").lock().await.unwrap();
+    guard.unlock().await.unwrap();
+    client.shutdown().await.unwrap();
+
+    for url in [
+        format!("redis://app:wrong-pw@127.0.0.1:{port}"),
+        format!("redis://nobody:wrong-pw@127.0.0.1:{port}"),
+    ] {
+        let err = Client::connect(&url).await.unwrap_err();
+        let message = err.to_string();
+        println!("{message}");
+        assert!(matches!(err, Error::Auth(_)), "{err:?}");
+        assert!(
+            !message.contains("wrong-pw"),
+            "no password in messages: {message}"
+        );
+        assert!(message.contains("127.0.0.1"), "{message}");
+    }
+    // A disabled user is refused the same way.
+    set_user(&raw, "app", &["off", ">s3cret-pw", "~*", "&*", "+@all"]).await;
+    let err = Client::connect(&format!("redis://app:s3cret-pw@127.0.0.1:{port}"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Auth(_)), "{err:?}");
+}
+
+/// The ACL of a lock user, as documented in README.md ("Redis ACL for a lock user"), with
+/// the key pattern `locks:*` (the clients use the key prefix `locks:`).
+const LOCK_USER_ACL: &[&str] = &[
+    "on",
+    ">lock-pw",
+    "~locks:*",
+    // The channel travels as a script KEY (it keeps key and channel in one cluster slot),
+    // so Redis checks it against the key patterns too.
+    "~redisson_lock__channel:*",
+    "&redisson_lock__channel:*",
+    // Called by the client.
+    "+evalsha",
+    "+script|load",
+    "+hget",
+    "+hexists",
+    "+exists",
+    "+pttl",
+    "+subscribe",
+    "+unsubscribe",
+    "+ping",
+    // Called inside the scripts.
+    "+hincrby",
+    "+pexpire",
+    "+del",
+    "+publish",
+    "+hdel",
+    "+hlen",
+    "+type",
+];
+
+async fn lock_user(server: &RedisServer, lease: Duration) -> redbaton::Result<Client> {
+    Client::builder()
+        .url(format!("redis://locker:lock-pw@127.0.0.1:{}", server.port))
+        .key_prefix("locks:")
+        .watchdog_lease(lease)
+        .command_timeout(Duration::from_secs(2))
+        .connect()
+        .await
+}
+
+/// Everything a lock user does: lock, re-enter, inspect, wait and be woken, renew, unlock,
+/// force-unlock, shut down while holding. The first error, if any.
+async fn lock_user_workload(server: &RedisServer) -> redbaton::Result<()> {
+    let lease = Duration::from_millis(600);
+    let a = lock_user(server, lease).await?;
+    let b = lock_user(server, lease).await?;
+    let lock = a.lock("job");
+    let outer = lock.lock().await?;
+    let inner = lock.lock().await?;
+    if lock.hold_count().await? != 2 || !lock.is_locked().await? {
+        panic!("hold count and is_locked are wrong");
+    }
+    if !lock.is_held_by_current_task().await? || lock.remaining_ttl().await?.is_none() {
+        panic!("ownership or TTL is wrong");
+    }
+    // Outlive two leases: the watchdog must renew.
+    tokio::time::sleep(lease * 2).await;
+    if outer.is_lost() {
+        return Err(Error::Auth("renewal failed (see the log)".into()));
+    }
+    if b.lock("job").try_lock().await?.is_some() {
+        panic!("exclusion failed");
+    }
+    let waiter = {
+        let lock = b.lock("job");
+        tokio::spawn(async move {
+            let guard = lock.lock().await?;
+            let at = Instant::now();
+            guard.unlock().await?;
+            Ok::<_, Error>(at)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    inner.unlock().await?;
+    let released = Instant::now();
+    outer.unlock().await?;
+    let woke = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .map_err(|_| Error::Auth("the waiter was never woken".into()))?
+        .unwrap()?;
+    if woke.duration_since(released) > lease / 2 {
+        return Err(Error::Auth("woken by the lease, not by a message".into()));
+    }
+    // The waiter's subscription is gone from the server, not just from the client.
+    let raw = server.raw().await;
+    let channel = "redisson_lock__channel:{locks:job}";
+    if !support::eventually(Duration::from_secs(2), || async {
+        support::numsub(&raw, channel).await == 0
+    })
+    .await
+    {
+        return Err(Error::Auth("a subscription was left behind".into()));
+    }
+    let held = b.lock("job").lock().await?;
+    if !a.lock("job").force_unlock().await? {
+        panic!("force_unlock found nothing");
+    }
+    tokio::time::timeout(Duration::from_secs(2), held.lost())
+        .await
+        .map_err(|_| Error::Auth("lost() did not fire".into()))?;
+    drop(held);
+    // Shut down while holding: the owner's holds are released by a script.
+    let _kept = a.lock("kept").lock().await?;
+    a.shutdown().await?;
+    if b.lock("kept").is_locked().await? {
+        return Err(Error::Auth("shutdown did not release".into()));
+    }
+    b.shutdown().await?;
+    Ok(())
+}
+
+/// A user restricted to exactly the documented ACL can do everything a lock user does, and
+/// each rule is needed: without any one of them, something fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_with_exactly_the_documented_acl_works() {
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    set_user(&raw, "locker", LOCK_USER_ACL).await;
+    lock_user_workload(&server).await.unwrap();
+
+    // The ACL restricts: other keys, other commands and other channels are refused.
+    let client = lock_user(&server, Duration::from_secs(5)).await.unwrap();
+    let denied: Result<Option<String>, _> = client.redis().get("locks:job").await;
+    assert!(denied.unwrap_err().details().contains("NOPERM"));
+    let outside = Client::builder()
+        .url(format!("redis://locker:lock-pw@127.0.0.1:{}", server.port))
+        .command_timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap();
+    let err = outside
+        .lock("not-under-the-prefix")
+        .lock()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Auth(_)), "{err:?}");
+    client.shutdown().await.unwrap();
+    outside.shutdown().await.unwrap();
+
+    // Each command rule is needed.
+    for skip in LOCK_USER_ACL.iter().filter(|r| r.starts_with('+')) {
+        let rules: Vec<&str> = LOCK_USER_ACL
+            .iter()
+            .copied()
+            .filter(|r| r != skip)
+            .collect();
+        set_user(&raw, "locker", &rules).await;
+        let outcome = tokio::time::timeout(Duration::from_secs(20), lock_user_workload(&server))
+            .await
+            .expect("no hang without a permission");
+        assert!(outcome.is_err(), "the workload needs {skip}");
+        let _: () = raw.flushall(false).await.unwrap();
+    }
+}
