@@ -3,5 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-redis.sh
-cargo test --all-targets "$@"
+cargo test --lib --bins --tests --examples "$@"
 cargo test --doc

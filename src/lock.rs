@@ -1,47 +1,4 @@
-//! [`Lock`]: a reentrant distributed lock on one Redis key.
-//!
-//! # Semantics
-//!
-//! A lock is a Redis hash at the lock's key (its name, after the client's key prefix) whose
-//! one field is the holder's owner id `<client uuid>:<owner number>` and whose value is the
-//! holder's reentry count — Redisson's `RLock` layout, so Java services using Redisson and
-//! Rust services using redbaton exclude (and wake) each other on the same names.
-//!
-//! The owner number is the current tokio task's id (see [`Owner`]): nested `lock()` calls in
-//! one task re-enter and must each be released; other tasks, in this process or another, wait.
-//!
-//! Waiting costs Redis almost nothing: a waiter subscribes to the lock's channel through the
-//! client's shared subscriber, re-checks once, and parks until an unlock message wakes it —
-//! or until the lock's remaining lease (PTTL) runs out, so a lost message costs at most one
-//! lease, never a hang.
-//!
-//! # Cancellation safety
-//!
-//! Every acquiring method is cancellation safe: dropping its future at any point leaves no
-//! lock held and no subscription behind. The acquire round trip runs in a spawned task, and if
-//! it succeeds after its caller is gone, the hold is released again at once. A waiter that was
-//! woken and then gives up hands its wake-up to the next waiter.
-//!
-//! # Example
-//!
-//! ```no_run
-//! # async fn run() -> redbaton::Result<()> {
-//! use std::time::Duration;
-//! let client = redbaton::Client::connect("redis://127.0.0.1:6379").await?;
-//! let lock = client.lock("order:42");
-//!
-//! let outer = lock.lock().await?;          // waits as long as it takes
-//! let inner = lock.lock().await?;          // same task: re-enters
-//! assert_eq!(lock.hold_count().await?, 2);
-//! inner.unlock().await?;
-//! outer.unlock().await?;
-//!
-//! match lock.try_lock_for(Duration::from_millis(200)).await? {
-//!     Some(guard) => guard.unlock().await?,
-//!     None => println!("busy"),
-//! }
-//! # client.shutdown().await }
-//! ```
+//! [`Lock`]: a reentrant distributed lock on one Redis key, and its acquire loop.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -94,7 +51,50 @@ pub(crate) fn lease_millis(lease: Duration) -> Result<i64> {
 
 /// A reentrant distributed lock on one name. Cheap to clone; `Send + Sync`.
 ///
-/// Made by [`Client::lock`](crate::Client::lock). See the [module docs](self) for semantics.
+/// Made by [`Client::lock`](crate::Client::lock).
+///
+/// # Semantics
+///
+/// A lock is a Redis hash at the lock's key (its name, after the client's key prefix) whose
+/// one field is the holder's owner id `<client uuid>:<owner number>` and whose value is the
+/// holder's reentry count — Redisson's `RLock` layout, so Java services using Redisson and
+/// Rust services using redbaton exclude (and wake) each other on the same names.
+///
+/// The owner number is the current tokio task's id (see [`Owner`]): nested `lock()` calls in
+/// one task re-enter and must each be released; other tasks, in this process or another, wait.
+///
+/// Waiting costs Redis almost nothing: a waiter subscribes to the lock's channel through the
+/// client's shared subscriber, re-checks once, and parks until an unlock message wakes it —
+/// or until the lock's remaining lease (PTTL) runs out, so a lost message costs at most one
+/// lease, never a hang.
+///
+/// # Cancellation safety
+///
+/// Every acquiring method is cancellation safe: dropping its future at any point leaves no
+/// lock held and no subscription behind. An acquire round trip dropped in flight is finished
+/// in a spawned task, and if it took the lock, the hold is released again at once. A waiter
+/// that was woken and then gives up hands its wake-up to the next waiter.
+///
+/// # Example
+///
+/// ```no_run
+/// # async fn run() -> redbaton::Result<()> {
+/// use std::time::Duration;
+/// let client = redbaton::Client::connect("redis://127.0.0.1:6379").await?;
+/// let lock = client.lock("order:42");
+///
+/// let outer = lock.lock().await?;          // waits as long as it takes
+/// let inner = lock.lock().await?;          // same task: re-enters
+/// assert_eq!(lock.hold_count().await?, 2);
+/// inner.unlock().await?;
+/// outer.unlock().await?;
+///
+/// match lock.try_lock_for(Duration::from_millis(200)).await? {
+///     Some(guard) => guard.unlock().await?,
+///     None => println!("busy"),
+/// }
+/// # client.shutdown().await }
+/// ```
 #[derive(Clone)]
 pub struct Lock {
     shared: Arc<Shared>,

@@ -694,3 +694,57 @@ async fn arc_shared_client_and_clones() {
     g.unlock().await.unwrap();
     client.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_script_whose_reply_was_lost_is_never_sent_twice() {
+    // Invariant 11: the lock script ran, its reply never came back, the connection broke and
+    // came back. A client that re-sent the command would leave a phantom reentry count of 2.
+    use support::proxy::{Mode, Proxy};
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let proxy = Proxy::start(server.port).await;
+    let client = Client::builder()
+        .url(proxy.url())
+        .command_timeout(Duration::from_secs(3))
+        .reconnect_max_delay(Duration::from_millis(100))
+        .connect()
+        .await
+        .unwrap();
+    let lock = client.lock("resent");
+    proxy.set(Mode::RepliesLost);
+    let attempt = {
+        let lock = lock.clone();
+        tokio::spawn(async move { lock.try_lock().await.map(|g| g.map(|g| g.owner())) })
+    };
+    // The script has run on the server once its hold is visible; then cut the connection.
+    assert!(
+        eventually(Duration::from_secs(2), || async {
+            let n: i64 = raw.exists("resent").await.unwrap();
+            n == 1
+        })
+        .await
+    );
+    proxy.set(Mode::Cut);
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    // Reconnecting is possible again while the attempt may still be pending: a client that
+    // re-sends in-flight commands after a reconnect would do it now.
+    proxy.set(Mode::Open);
+    let outcome = attempt.await.unwrap();
+    assert!(
+        matches!(outcome, Err(Error::Connection(_)) | Err(Error::Timeout(_))),
+        "{outcome:?}"
+    );
+    // Let the client reconnect (a re-send would happen now) and settle.
+    assert!(
+        eventually(Duration::from_secs(5), || async { lock.is_locked().await.is_ok() }).await
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let fields: HashMap<String, i64> = raw.hgetall("resent").await.unwrap();
+    assert_eq!(fields.len(), 1);
+    assert_eq!(
+        fields.values().copied().collect::<Vec<_>>(),
+        vec![1],
+        "the lock script ran more than once"
+    );
+    client.shutdown().await.unwrap();
+}

@@ -152,6 +152,66 @@ async fn inject_faults(raw: fred::clients::Client, stop: Arc<AtomicBool>) -> Vec
     injected
 }
 
+/// Checks one name's history: sections whose leases were valid throughout never overlap,
+/// and the fencing numbers taken inside them follow their order. Returns how many sections
+/// were checked for overlap.
+fn check_history(name: &str, sections: &[&Section]) -> Result<usize, String> {
+    let mut sorted = sections.to_vec();
+    sorted.sort_by_key(|s| s.start);
+    let mut checked = 0;
+    let mut last_valid_end: Option<Instant> = None;
+    for s in sorted.iter().filter(|s| !s.lost) {
+        if let Some(end) = last_valid_end {
+            if s.start < end {
+                return Err(format!(
+                    "{name}: a section began {:?} before the previous one ended",
+                    end.duration_since(s.start)
+                ));
+            }
+        }
+        last_valid_end = Some(last_valid_end.map_or(s.end, |e| e.max(s.end)));
+        checked += 1;
+    }
+    for pair in sorted.windows(2) {
+        if pair[0].fence >= pair[1].fence {
+            return Err(format!(
+                "{name}: fencing out of order ({} then {})",
+                pair[0].fence, pair[1].fence
+            ));
+        }
+    }
+    Ok(checked)
+}
+
+/// The checker is not vacuous: it rejects overlapping sections and out-of-order fences, and
+/// lets a section whose lease was lost overlap.
+#[test]
+fn the_checker_rejects_bad_histories() {
+    let t = Instant::now();
+    let ms = Duration::from_millis;
+    let section = |start: u64, end: u64, fence: i64, lost: bool| Section {
+        name: 0,
+        start: t + ms(start),
+        end: t + ms(end),
+        fence,
+        lost,
+    };
+    let good = [section(0, 10, 1, false), section(10, 20, 2, false)];
+    assert_eq!(check_history("x", &good.iter().collect::<Vec<_>>()), Ok(2));
+    let overlap = [section(0, 10, 1, false), section(9, 20, 2, false)];
+    assert!(check_history("x", &overlap.iter().collect::<Vec<_>>()).is_err());
+    let nested = [
+        section(0, 30, 1, false),
+        section(10, 20, 2, false),
+        section(25, 40, 3, false),
+    ];
+    assert!(check_history("x", &nested.iter().collect::<Vec<_>>()).is_err());
+    let fences = [section(0, 10, 2, false), section(10, 20, 1, false)];
+    assert!(check_history("x", &fences.iter().collect::<Vec<_>>()).is_err());
+    let lost = [section(0, 10, 1, true), section(5, 20, 2, false)];
+    assert_eq!(check_history("x", &lost.iter().collect::<Vec<_>>()), Ok(1));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutual_exclusion_holds_under_faults() {
     let server = RedisServer::start();
@@ -203,28 +263,8 @@ async fn mutual_exclusion_holds_under_faults() {
     let lost = sections.iter().filter(|s| s.lost).count();
     let mut checked = 0;
     for (n, name) in NAMES.iter().enumerate() {
-        let mut mine: Vec<&Section> = sections.iter().filter(|s| s.name == n).collect();
-        mine.sort_by_key(|s| s.start);
-        // No overlap between sections whose leases were both valid throughout.
-        let mut last_valid_end: Option<Instant> = None;
-        for s in mine.iter().filter(|s| !s.lost) {
-            if let Some(end) = last_valid_end {
-                assert!(
-                    s.start >= end,
-                    "{name}: a section began {:?} before the previous one ended",
-                    end.duration_since(s.start)
-                );
-            }
-            last_valid_end = Some(last_valid_end.map_or(s.end, |e| e.max(s.end)));
-            checked += 1;
-        }
-        // Fencing numbers, taken inside the sections, follow their order.
-        for pair in mine.windows(2) {
-            assert!(
-                pair[0].fence < pair[1].fence,
-                "{name}: fencing out of order"
-            );
-        }
+        let mine: Vec<&Section> = sections.iter().filter(|s| s.name == n).collect();
+        checked += check_history(name, &mine).unwrap_or_else(|e| panic!("{e}"));
         let fence: i64 = raw.get(format!("fence:{name}")).await.unwrap();
         assert_eq!(fence as usize, mine.len(), "{name}: one fence per section");
         let counter: Option<i64> = raw.get(format!("counter:{name}")).await.unwrap();

@@ -18,6 +18,9 @@ pub enum Mode {
     Stalled,
     /// Closes every connection and accepts new ones only to close them at once.
     Cut,
+    /// Forwards requests to the server but throws its replies away: a command runs, and its
+    /// caller never hears back.
+    RepliesLost,
 }
 
 /// A proxy on `127.0.0.1:<port>` in front of `127.0.0.1:<target>`; stops on drop.
@@ -50,8 +53,8 @@ impl Proxy {
                 let _ = server.set_nodelay(true);
                 let (client_read, client_write) = client.into_split();
                 let (server_read, server_write) = server.into_split();
-                tokio::spawn(pump(client_read, server_write, accept_mode.subscribe()));
-                tokio::spawn(pump(server_read, client_write, accept_mode.subscribe()));
+                tokio::spawn(pump(client_read, server_write, accept_mode.subscribe(), false));
+                tokio::spawn(pump(server_read, client_write, accept_mode.subscribe(), true));
             }
         });
         Proxy {
@@ -84,7 +87,7 @@ async fn wait_open(mode: &mut watch::Receiver<Mode>) -> bool {
     loop {
         let now = *mode.borrow_and_update();
         match now {
-            Mode::Open => return true,
+            Mode::Open | Mode::RepliesLost => return true,
             Mode::Cut => return false,
             Mode::Stalled => {
                 if mode.changed().await.is_err() {
@@ -95,11 +98,13 @@ async fn wait_open(mode: &mut watch::Receiver<Mode>) -> bool {
     }
 }
 
-/// Copies one direction until EOF, an error, or a cut.
+/// Copies one direction until EOF, an error, or a cut. `replies` marks the server-to-client
+/// direction, which `Mode::RepliesLost` drops.
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     mut mode: watch::Receiver<Mode>,
+    replies: bool,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
@@ -122,6 +127,9 @@ async fn pump(
         // Bytes read just before a stall are held until it ends (or dropped on a cut).
         if !wait_open(&mut mode).await {
             return;
+        }
+        if replies && *mode.borrow() == Mode::RepliesLost {
+            continue;
         }
         if to.write_all(&buf[..n]).await.is_err() {
             return;
