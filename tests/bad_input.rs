@@ -124,15 +124,7 @@ async fn odd_names_lock_wake_and_release() {
         let held: bool = raw.hexists(name.as_bytes(), owner.as_str()).await.unwrap();
         assert!(held, "{shown:?}: the hash is at the exact name");
         assert!(other.lock(name).try_lock().await.unwrap().is_none());
-        let waiter = {
-            let lock = other.lock(name);
-            tokio::spawn(async move {
-                let guard = lock.lock().await.unwrap();
-                let at = Instant::now();
-                guard.unlock().await.unwrap();
-                at
-            })
-        };
+        let waiter = support::spawn_waiter(other.lock(name));
         tokio::time::sleep(Duration::from_millis(150)).await;
         let released = Instant::now();
         guard.unlock().await.unwrap();

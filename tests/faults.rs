@@ -822,15 +822,7 @@ async fn shutdown_while_holding_releases_and_never_renews() {
         .await
         .unwrap();
     let owner = outer.owner().to_string();
-    let waiter = {
-        let lock = other.lock(name);
-        tokio::spawn(async move {
-            let guard = lock.lock().await.unwrap();
-            let at = Instant::now();
-            guard.unlock().await.unwrap();
-            at
-        })
-    };
+    let waiter = support::spawn_waiter(other.lock(name));
     tokio::time::sleep(Duration::from_millis(200)).await;
 
     let shut_at = Instant::now();

@@ -212,15 +212,7 @@ async fn waiters_are_woken_by_unlock_without_polling() {
     let waiter_client = client(&server).await;
     let guard = holder.lock("wake").lock().await.unwrap();
     let before = command_calls(&raw).await;
-    let waiter = {
-        let lock = waiter_client.lock("wake");
-        tokio::spawn(async move {
-            let guard = lock.lock().await.unwrap();
-            let acquired_at = Instant::now();
-            guard.unlock().await.unwrap();
-            acquired_at
-        })
-    };
+    let waiter = support::spawn_waiter(waiter_client.lock("wake"));
     // Parked for 1.5 s against a 30 s lease: a poller would show many attempts.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let released_at = Instant::now();
@@ -229,7 +221,7 @@ async fn waiters_are_woken_by_unlock_without_polling() {
         .await
         .unwrap()
         .unwrap();
-    let handoff = acquired_at.duration_since(released_at);
+    let handoff = acquired_at.into_std().duration_since(released_at);
     assert!(handoff < Duration::from_secs(1), "wake-up took {handoff:?}");
     let after = command_calls(&raw).await;
     let delta = |c: &str| after.get(c).copied().unwrap_or(0) - before.get(c).copied().unwrap_or(0);
@@ -736,7 +728,10 @@ async fn a_script_whose_reply_was_lost_is_never_sent_twice() {
     );
     // Let the client reconnect (a re-send would happen now) and settle.
     assert!(
-        eventually(Duration::from_secs(5), || async { lock.is_locked().await.is_ok() }).await
+        eventually(Duration::from_secs(5), || async {
+            lock.is_locked().await.is_ok()
+        })
+        .await
     );
     tokio::time::sleep(Duration::from_millis(300)).await;
     let fields: HashMap<String, i64> = raw.hgetall("resent").await.unwrap();

@@ -41,15 +41,7 @@ fn builder(url: &str) -> redbaton::Builder {
 async fn lock_wait_wake_unlock(a: &Client, b: &Client, name: &str) {
     let guard = a.lock(name).lock().await.unwrap();
     assert!(b.lock(name).try_lock().await.unwrap().is_none());
-    let waiter = {
-        let lock = b.lock(name);
-        tokio::spawn(async move {
-            let guard = lock.lock().await.unwrap();
-            let at = Instant::now();
-            guard.unlock().await.unwrap();
-            at
-        })
-    };
+    let waiter = support::spawn_waiter(b.lock(name));
     tokio::time::sleep(Duration::from_millis(200)).await;
     let released = Instant::now();
     guard.unlock().await.unwrap();

@@ -149,6 +149,17 @@ pub async fn numsub(raw: &fred::clients::Client, channel: &str) -> i64 {
     reply.get(1).and_then(|v| v.as_i64()).unwrap_or(-1)
 }
 
+/// Spawns a task that waits for `lock`, notes when it got it (tokio's clock, which tests may
+/// pause), and releases it at once.
+pub fn spawn_waiter(lock: redbaton::Lock) -> tokio::task::JoinHandle<tokio::time::Instant> {
+    tokio::spawn(async move {
+        let guard = lock.lock().await.unwrap();
+        let acquired_at = tokio::time::Instant::now();
+        guard.unlock().await.unwrap();
+        acquired_at
+    })
+}
+
 /// Polls `cond` until true or `timeout`; returns whether it became true.
 pub async fn eventually<F, Fut>(timeout: Duration, mut cond: F) -> bool
 where

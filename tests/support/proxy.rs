@@ -53,8 +53,18 @@ impl Proxy {
                 let _ = server.set_nodelay(true);
                 let (client_read, client_write) = client.into_split();
                 let (server_read, server_write) = server.into_split();
-                tokio::spawn(pump(client_read, server_write, accept_mode.subscribe(), false));
-                tokio::spawn(pump(server_read, client_write, accept_mode.subscribe(), true));
+                tokio::spawn(pump(
+                    client_read,
+                    server_write,
+                    accept_mode.subscribe(),
+                    false,
+                ));
+                tokio::spawn(pump(
+                    server_read,
+                    client_write,
+                    accept_mode.subscribe(),
+                    true,
+                ));
             }
         });
         Proxy {
