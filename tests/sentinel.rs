@@ -12,10 +12,17 @@ use redbaton::{Client, Error};
 use support::cluster::cli;
 use support::sentinel::SentinelSetup;
 
+/// A watchdog lease longer than a Sentinel failover's renewal gap.
+const LONG_LEASE: Duration = Duration::from_secs(12);
+
 async fn client(setup: &SentinelSetup) -> Client {
+    client_with_lease(setup, Duration::from_secs(3)).await
+}
+
+async fn client_with_lease(setup: &SentinelSetup, lease: Duration) -> Client {
     Client::builder()
         .url(setup.url())
-        .watchdog_lease(Duration::from_secs(3))
+        .watchdog_lease(lease)
         .command_timeout(Duration::from_secs(2))
         .reconnect_max_delay(Duration::from_millis(500))
         .connect()
@@ -61,7 +68,10 @@ async fn url_connects_through_sentinels_to_the_master() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicated_hold_survives_master_death_and_waiters_follow() {
     let mut setup = SentinelSetup::start();
-    let holder = client(&setup).await;
+    // The failover takes about 2.5 s plus a reconnect. A hold survives it only if the lease
+    // outlasts the renewal gap around it (up to a renewal period before the kill, the outage,
+    // and a period after it): with 12 s the period is 4 s, longer than the outage.
+    let holder = client_with_lease(&setup, LONG_LEASE).await;
     let waiter = client(&setup).await;
     let guard = holder.lock("survivor").lock().await.unwrap();
     // The hold is on the replica before the master dies (WAIT for one replica).
@@ -83,9 +93,15 @@ async fn replicated_hold_survives_master_death_and_waiters_follow() {
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
     fail_over(&mut setup);
-    // Two renewal periods on the new master: the hold is still there and still ours.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // More than a renewal period on the new master: the hold is still there, still ours,
+    // and renewed there (without a renewal since before the kill its PTTL would be < 4.5 s).
+    tokio::time::sleep(LONG_LEASE / 3 + Duration::from_secs(1)).await;
     assert!(!guard.is_lost(), "the replicated hold survived");
+    let pttl: i64 = cli(setup.replica.port, &["pttl", "survivor"])
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(pttl > 6_000, "renewed on the promoted replica: pttl {pttl}");
     assert!(!parked.is_finished(), "exclusion held across the failover");
     assert_eq!(
         cli(setup.replica.port, &["exists", "survivor"]).trim(),
