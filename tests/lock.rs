@@ -743,3 +743,46 @@ async fn a_script_whose_reply_was_lost_is_never_sent_twice() {
     );
     client.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unlock_wakes_one_waiter_per_process_not_all() {
+    // Invariant 4: ten parked waiters of one process; one release wakes one of them, which
+    // takes the lock — the other nine stay parked and send nothing.
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let holder = client(&server).await;
+    let waiters = client(&server).await;
+    let guard = holder.lock("wake-one").lock().await.unwrap();
+    let (acquired_tx, mut acquired_rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut tasks = Vec::new();
+    for _ in 0..10 {
+        let lock = waiters.lock("wake-one");
+        let acquired_tx = acquired_tx.clone();
+        tasks.push(tokio::spawn(async move {
+            let guard = lock.lock().await.unwrap();
+            acquired_tx.send(()).unwrap();
+            // Keep it: the other waiters must stay parked while it is held.
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            drop(guard);
+        }));
+    }
+    // Every waiter has made its attempts and parked.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let before = command_calls(&raw).await;
+    guard.unlock().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), acquired_rx.recv())
+        .await
+        .expect("one waiter is woken")
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = command_calls(&raw).await;
+    let evalsha = after["evalsha"] - before.get("evalsha").copied().unwrap_or(0);
+    // The holder's unlock and the woken waiter's winning attempt; a wake-all would add nine.
+    assert_eq!(evalsha, 2, "evalsha calls after one release");
+    assert!(acquired_rx.try_recv().is_err(), "only one waiter holds it");
+    for t in &tasks {
+        t.abort();
+    }
+    holder.shutdown().await.unwrap();
+    waiters.shutdown().await.unwrap();
+}
