@@ -65,7 +65,7 @@ impl Error {
         {
             return Error::Auth(details.to_owned());
         }
-        if details == "Too many failed write attempts." {
+        if is_spent_redirect(&err) {
             // A cluster redirection (failover, resharding) met fred's one-attempt limit: the
             // command did not run, and the next one goes to the slot's new owner.
             return Error::Connection(format!("cluster redirection: {details}"));
@@ -96,4 +96,17 @@ impl Error {
     pub(crate) fn is_transient(&self) -> bool {
         matches!(self, Error::Connection(_) | Error::Timeout(_))
     }
+}
+
+/// fred's reply when a command met a cluster redirection (MOVED/ASK, after a failover or a
+/// slot migration) and would need a second write, which `max_command_attempts = 1` forbids.
+/// (In-flight commands on a dropped connection fail with an I/O error instead, never this.)
+pub(crate) fn is_spent_redirect(err: &fred::error::Error) -> bool {
+    err.details() == "Too many failed write attempts."
+}
+
+/// The server's script cache lacks the script (restart, `SCRIPT FLUSH`, failover): it did
+/// not run.
+pub(crate) fn is_noscript(err: &fred::error::Error) -> bool {
+    err.details().starts_with("NOSCRIPT")
 }

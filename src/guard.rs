@@ -125,10 +125,7 @@ impl Held {
                 name: shared.name.clone(),
             });
         }
-        let lease_ms = match lease {
-            Lease::Watchdog => client.watchdog.lease().as_millis() as i64,
-            Lease::Fixed(ms) => ms,
-        };
+        let lease_ms = lease.millis(client.watchdog.lease());
         let reply = client
             .scripts
             .unlock(

@@ -223,7 +223,7 @@ impl Hub {
                 for name in names {
                     match self.subscriber.ssubscribe(name.clone()).await {
                         // Redirected (the slot moved): fred re-read the slot map; once more.
-                        Err(e) if crate::scripts::is_spent_redirect(&e) => {
+                        Err(e) if crate::error::is_spent_redirect(&e) => {
                             self.subscriber.ssubscribe(name).await?
                         }
                         other => other?,

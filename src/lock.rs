@@ -20,6 +20,9 @@ use crate::{Error, Result};
 /// The longest lock name accepted.
 pub const MAX_NAME_LEN: usize = 64 * 1024;
 
+/// How long a parked waiter pauses before retrying after a connection error or timeout.
+const RETRY_AFTER_ERROR_MS: u64 = 200;
+
 /// Prefix of every lock channel (Redisson's `redisson_lock__channel`).
 const CHANNEL_PREFIX: &str = "redisson_lock__channel";
 
@@ -312,7 +315,7 @@ impl Lock {
                             return Err(e);
                         }
                         tracing::debug!(lock = %self.shared.name, error = %e, "retrying after error");
-                        held_for = 200;
+                        held_for = RETRY_AFTER_ERROR_MS;
                     }
                     Err(e) => {
                         if woken {
@@ -353,10 +356,7 @@ impl Lock {
         let owner = owner.clone();
         let round_trip = async move {
             let client = &lock.shared.client;
-            let lease_ms = match lease {
-                Lease::Watchdog => client.watchdog.lease().as_millis() as i64,
-                Lease::Fixed(ms) => ms,
-            };
+            let lease_ms = lease.millis(client.watchdog.lease());
             let sent_at = Instant::now();
             let reply = client
                 .scripts

@@ -7,9 +7,12 @@
 //! reply means the script did not run, so that retry can never apply a step twice.
 
 use fred::clients::Client;
+use fred::interfaces::LuaInterface;
 use fred::error::Error as FredError;
 use fred::types::scripts::Script;
 use fred::types::Value;
+
+use crate::error::{is_noscript, is_spent_redirect};
 
 /// The unlock message Redisson publishes when a lock is released (`UNLOCK_MESSAGE`).
 pub(crate) const UNLOCK_MESSAGE: &str = "0";
@@ -31,6 +34,7 @@ pub(crate) struct Scripts {
     force_unlock: Script,
     renew: Script,
     release_owner: Script,
+    state: Script,
 }
 
 impl Scripts {
@@ -41,6 +45,7 @@ impl Scripts {
             force_unlock: Script::from_lua(include_str!("../lua/force_unlock.lua")),
             renew: Script::from_lua(include_str!("../lua/renew.lua")),
             release_owner: Script::from_lua(include_str!("../lua/release_owner.lua")),
+            state: Script::from_lua(include_str!("../lua/state.lua")),
         }
     }
 
@@ -53,6 +58,7 @@ impl Scripts {
             &self.force_unlock,
             &self.renew,
             &self.release_owner,
+            &self.state,
         ] {
             script.load(client).await?;
         }
@@ -122,6 +128,12 @@ impl Scripts {
         Ok(held == 1)
     }
 
+    /// The lock's PTTL and its owner fields with counts, read atomically: `[-2]` when there
+    /// is no such key, else `[pttl_ms, [field, count, ...]]`.
+    pub(crate) async fn state(&self, client: &Client, key: &str) -> Result<Vec<Value>, FredError> {
+        run(&self.state, client, key, Vec::new()).await
+    }
+
     /// Renew (lease > 0) or check (lease 0) a batch of holds; `true` where still held.
     /// All keys must live on one node (one hash slot in a cluster).
     pub(crate) async fn renew(
@@ -137,20 +149,16 @@ impl Scripts {
     }
 }
 
-/// fred's reply when a command met a cluster redirection (MOVED/ASK, after a failover or a
-/// slot migration) and would need a second write, which `max_command_attempts = 1` forbids.
-pub(crate) fn is_spent_redirect(e: &FredError) -> bool {
-    e.details() == "Too many failed write attempts."
-}
-
 /// How often a script redirected by the cluster is re-sent.
 const REDIRECT_RESENDS: u32 = 3;
 
-/// EVALSHA with the NOSCRIPT reload, re-sent after a cluster redirection. A redirected
-/// command did not run (the node answered MOVED/ASK instead), and fred re-read the slot map
-/// before giving up, so a re-send goes to the slot's new owner and runs the step once. While
-/// a failover settles the nodes may briefly disagree about the owner: a few re-sends, spaced
-/// a little, ride that out.
+/// EVALSHA, re-sent only when the server certainly did not run it:
+/// - NOSCRIPT (the cache was emptied): load the script on every primary, then once more;
+/// - a cluster redirection (MOVED/ASK): fred re-read the slot map before giving up, so the
+///   re-send goes to the slot's new owner. While a failover settles the nodes may briefly
+///   disagree about the owner: a few re-sends, spaced a little, ride that out.
+///
+/// Keys and arguments are cloned per attempt only (one clone on the usual single attempt).
 async fn run<R, K>(
     script: &Script,
     client: &Client,
@@ -161,12 +169,18 @@ where
     R: fred::types::FromValue,
     K: Into<fred::types::MultipleKeys> + Clone + Send,
 {
+    let mut reloaded = false;
     let mut resends = 0;
     loop {
-        match script
-            .evalsha_with_reload(client, keys.clone(), args.clone())
+        match client
+            .evalsha(script.sha1().clone(), keys.clone(), args.clone())
             .await
         {
+            Err(e) if is_noscript(&e) && !reloaded => {
+                reloaded = true;
+                tracing::debug!("script cache lost; loading the script again");
+                script.load(client).await?;
+            }
             Err(e) if is_spent_redirect(&e) && resends < REDIRECT_RESENDS => {
                 resends += 1;
                 tracing::debug!(resends, "script redirected by the cluster; re-sending");

@@ -1,10 +1,8 @@
 //! [`LockState`]: what Redis says about one lock right now (the tool's `status`).
 
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use fred::interfaces::ClientLike;
-use fred::types::scripts::Script;
 use fred::types::{ClusterHash, CustomCommand, Value};
 
 use crate::{Error, Lock, PubSubMode, Result};
@@ -38,11 +36,6 @@ impl LockState {
     }
 }
 
-fn state_script() -> &'static Script {
-    static SCRIPT: OnceLock<Script> = OnceLock::new();
-    SCRIPT.get_or_init(|| Script::from_lua(include_str!("../lua/state.lua")))
-}
-
 impl Lock {
     /// Reads the lock's owners with their counts, its remaining lease and the number of
     /// subscriber connections on its channel.
@@ -62,8 +55,9 @@ impl Lock {
         self.check()?;
         let shared = self.shared();
         let client = &shared.client;
-        let reply: Vec<Value> = state_script()
-            .evalsha_with_reload(&client.redis, &*shared.key, Vec::<Value>::new())
+        let reply = client
+            .scripts
+            .state(&client.redis, &shared.key)
             .await
             .map_err(|e| client.error(e, &shared.name))?;
         let malformed = || Error::Redis(format!("unexpected state reply for {:?}", shared.name));

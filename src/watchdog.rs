@@ -36,6 +36,16 @@ pub(crate) enum Lease {
     Fixed(i64),
 }
 
+impl Lease {
+    /// The lease in milliseconds, as the scripts take it.
+    pub(crate) fn millis(self, watchdog_lease: Duration) -> i64 {
+        match self {
+            Lease::Watchdog => watchdog_lease.as_millis() as i64,
+            Lease::Fixed(ms) => ms,
+        }
+    }
+}
+
 struct HoldState {
     guards: u32,
     watchdog_guards: u32,

@@ -123,20 +123,7 @@ async fn odd_names_lock_wake_and_release() {
         let owner = guard.owner().to_string();
         let held: bool = raw.hexists(name.as_bytes(), owner.as_str()).await.unwrap();
         assert!(held, "{shown:?}: the hash is at the exact name");
-        assert!(other.lock(name).try_lock().await.unwrap().is_none());
-        let waiter = support::spawn_waiter(other.lock(name));
-        tokio::time::sleep(Duration::from_millis(150)).await;
-        let released = Instant::now();
-        guard.unlock().await.unwrap();
-        let woke = tokio::time::timeout(Duration::from_secs(5), waiter)
-            .await
-            .unwrap()
-            .unwrap();
-        // The lease is 30 s: only an unlock message on the name's channel wakes it this fast.
-        assert!(
-            woke.duration_since(released) < Duration::from_secs(2),
-            "{shown:?}: woken by the unlock message"
-        );
+        support::assert_release_wakes(guard, other.lock(name), &format!("{shown:?}")).await;
         let exists: i64 = raw.exists(name.as_bytes()).await.unwrap();
         assert_eq!(exists, 0, "{shown:?}");
     }

@@ -40,19 +40,7 @@ fn builder(url: &str) -> redbaton::Builder {
 /// Locks, waits, is woken and unlocks through `a` and `b`.
 async fn lock_wait_wake_unlock(a: &Client, b: &Client, name: &str) {
     let guard = a.lock(name).lock().await.unwrap();
-    assert!(b.lock(name).try_lock().await.unwrap().is_none());
-    let waiter = support::spawn_waiter(b.lock(name));
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let released = Instant::now();
-    guard.unlock().await.unwrap();
-    let woke = tokio::time::timeout(Duration::from_secs(5), waiter)
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(
-        woke.duration_since(released) < Duration::from_secs(2),
-        "woken by the unlock message, not by the 30 s lease"
-    );
+    support::assert_release_wakes(guard, b.lock(name), name).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -160,6 +160,28 @@ pub fn spawn_waiter(lock: redbaton::Lock) -> tokio::task::JoinHandle<tokio::time
     })
 }
 
+/// With `guard` held, `waiter` cannot take the lock; it parks, and releasing `guard` wakes it
+/// well before the 30 s default lease — only the unlock message on the channel can do that.
+/// `what` names the case in failure messages.
+pub async fn assert_release_wakes(guard: redbaton::LockGuard, waiter: redbaton::Lock, what: &str) {
+    assert!(
+        waiter.try_lock().await.unwrap().is_none(),
+        "{what}: excluded while held"
+    );
+    let waiting = spawn_waiter(waiter);
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let released = tokio::time::Instant::now();
+    guard.unlock().await.unwrap();
+    let woke = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        woke.duration_since(released) < Duration::from_secs(2),
+        "{what}: woken by the unlock message, not by the lease"
+    );
+}
+
 /// Polls `cond` until true or `timeout`; returns whether it became true.
 pub async fn eventually<F, Fut>(timeout: Duration, mut cond: F) -> bool
 where
