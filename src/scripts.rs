@@ -7,8 +7,8 @@
 //! reply means the script did not run, so that retry can never apply a step twice.
 
 use fred::clients::Client;
-use fred::interfaces::LuaInterface;
 use fred::error::Error as FredError;
+use fred::interfaces::LuaInterface;
 use fred::types::scripts::Script;
 use fred::types::Value;
 

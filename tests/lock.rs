@@ -786,3 +786,113 @@ async fn an_unlock_wakes_one_waiter_per_process_not_all() {
     holder.shutdown().await.unwrap();
     waiters.shutdown().await.unwrap();
 }
+
+/// A line of `MONITOR` output: (client address, command words).
+fn monitor_line(line: &str) -> Option<(String, Vec<String>)> {
+    let rest = line.split_once(" [")?.1;
+    let (who, args) = rest.split_once("] ")?;
+    let addr = who.split_whitespace().nth(1)?.to_owned();
+    let mut words: Vec<String> = args
+        .split("\" \"")
+        .map(|w| w.trim_matches('"').to_owned())
+        .collect();
+    // Commands are shown as sent: fred sends them in upper case, scripts in lower case.
+    words[0] = words[0].to_ascii_lowercase();
+    Some((addr, words))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_rechecks_only_after_its_subscription_is_confirmed() {
+    // Invariant 2, as the server saw it (MONITOR): the waiter's first attempt, then the
+    // SUBSCRIBE and the barrier PING on the subscriber connection, and only then its re-check.
+    use std::io::BufRead;
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let holder = client(&server).await;
+    let guard = holder.lock("ordered").lock().await.unwrap();
+    let mut monitor = std::process::Command::new("redis-cli")
+        .args(["-p", &server.port.to_string(), "monitor"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("redis-cli");
+    let stdout = monitor.stdout.take().unwrap();
+    let (lines_tx, lines_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if lines_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    // MONITOR is live once it shows a marker command.
+    let mut lines = Vec::new();
+    let started = Instant::now();
+    while !lines.iter().any(|l: &String| l.contains("monitor-marker")) {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "MONITOR did not start"
+        );
+        let _: Option<String> = raw.get("monitor-marker").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        lines.extend(lines_rx.try_iter());
+    }
+    let waiters = client(&server).await;
+    let waiter = support::spawn_waiter(waiters.lock("ordered"));
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            numsub(&raw, "redisson_lock__channel:{ordered}").await == 1
+        })
+        .await
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    guard.unlock().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let _ = monitor.kill();
+    let _ = monitor.wait();
+    lines.extend(lines_rx.try_iter());
+
+    let parsed: Vec<(String, Vec<String>)> = lines.iter().filter_map(|l| monitor_line(l)).collect();
+    // The holder held before MONITOR started, so every acquire attempt seen is the waiter's;
+    // they are the EVALSHAs of the lock script on this key (the unlock script has 2 keys).
+    let attempts: Vec<usize> = parsed
+        .iter()
+        .enumerate()
+        .filter(|(_, (addr, w))| {
+            addr != "lua"
+                && w[0] == "evalsha"
+                && w.get(2).map(String::as_str) == Some("1")
+                && w.get(3).map(String::as_str) == Some("ordered")
+        })
+        .map(|(i, _)| i)
+        .collect();
+    let subscribe = parsed
+        .iter()
+        .position(|(_, w)| w[0] == "subscribe" && w[1] == "redisson_lock__channel:{ordered}")
+        .expect("the waiter subscribed");
+    let subscriber = &parsed[subscribe].0;
+    let barrier = subscribe
+        + parsed[subscribe..]
+            .iter()
+            .position(|(addr, w)| addr == subscriber && w[0] == "ping")
+            .expect("a barrier PING on the subscriber connection");
+    assert_eq!(
+        attempts.len(),
+        3,
+        "attempt, re-check, attempt after the wake-up: {attempts:?}"
+    );
+    assert!(attempts[0] < subscribe, "first attempt before subscribing");
+    assert!(
+        barrier < attempts[1],
+        "the re-check ({}) came before the subscription was confirmed ({barrier})",
+        attempts[1]
+    );
+    holder.shutdown().await.unwrap();
+    waiters.shutdown().await.unwrap();
+}
