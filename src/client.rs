@@ -1,6 +1,5 @@
 //! [`Client`]: the connections, the hub, the watchdog and the client's unique id.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -8,10 +7,13 @@ use fred::interfaces::ClientLike;
 use fred::prelude::{Builder as FredBuilder, Config as FredConfig, ReconnectPolicy};
 use fred::types::config::TcpConfig;
 
+use crate::acquire::bounded;
 use crate::config::{redact_url, Builder, Config};
+use crate::conn::Conn;
+use crate::holds::Holds;
 use crate::hub::Hub;
-use crate::scripts::Scripts;
-use crate::watchdog::{self, Watchdog};
+use crate::kinds::{fair, fenced, reentrant, rwlock};
+use crate::watchdog::Watchdog;
 use crate::{Error, Lock, Result};
 
 /// A connection to Redis that hands out [`Lock`]s.
@@ -26,44 +28,41 @@ pub struct Client {
 }
 
 pub(crate) struct ClientInner {
-    pub(crate) id: String,
-    pub(crate) redis: fred::clients::Client,
+    pub(crate) id: Arc<str>,
+    pub(crate) conn: Arc<Conn>,
     pub(crate) hub: Arc<Hub>,
-    pub(crate) watchdog: Arc<Watchdog>,
-    pub(crate) scripts: Scripts,
+    pub(crate) holds: Arc<Holds>,
+    watchdog: Arc<Watchdog>,
     pub(crate) config: Config,
-    pub(crate) runtime: tokio::runtime::Handle,
-    closed: AtomicBool,
-}
-
-impl ClientInner {
-    pub(crate) fn is_closed(&self) -> bool {
-        self.closed.load(Ordering::Acquire)
-    }
-
-    pub(crate) fn publish_command(&self) -> &'static str {
-        self.config.pubsub.publish_command()
-    }
-
-    /// Maps a fred error for the lock `name`.
-    pub(crate) fn error(&self, err: fred::error::Error, name: &str) -> Error {
-        Error::from_redis(err, name, self.config.command_timeout)
-    }
 }
 
 impl Drop for ClientInner {
     fn drop(&mut self) {
         // Dropped without shutdown(): stop the background tasks and connections.
         self.watchdog.stop();
-        if !self.is_closed() {
-            let redis = self.redis.clone();
+        if self.conn.close() {
+            let conn = self.conn.clone();
             let hub = self.hub.clone();
-            self.runtime.spawn(async move {
+            self.conn.runtime().spawn(async move {
                 hub.shutdown().await;
-                let _ = redis.quit().await;
+                let _ = conn.redis().quit().await;
             });
         }
     }
+}
+
+/// Every script of every kind, loaded at connect.
+fn all_scripts() -> Vec<&'static crate::conn::LuaScript> {
+    [
+        reentrant::SCRIPTS,
+        fenced::SCRIPTS,
+        fair::SCRIPTS,
+        rwlock::SCRIPTS,
+        crate::state::SCRIPTS,
+        crate::semaphore::SCRIPTS,
+        crate::leased_semaphore::SCRIPTS,
+    ]
+    .concat()
 }
 
 /// URL schemes fred understands; anything else is refused before any lookup happens.
@@ -114,6 +113,9 @@ fn fred_builder(config: &Config) -> Result<FredBuilder> {
             // Never re-send a command whose reply was lost: a lock or unlock script must not
             // run twice (DESIGN.md invariant 11).
             c.max_command_attempts = 1;
+            // A redirect comes back as an error to re-send (fred 10.1 would otherwise end its
+            // router on an ASK, and re-send a MOVED command as a second write).
+            c.max_redirections = 0;
             c.tcp = TcpConfig {
                 nodelay: Some(true),
                 ..TcpConfig::default()
@@ -203,7 +205,7 @@ impl Client {
             ""
         };
         let connect_error = |e: fred::error::Error| {
-            match Error::from_redis(e, "", config.connect_timeout) {
+            match Error::from_redis(&e, "", config.connect_timeout) {
                 Error::Auth(detail) => Error::Auth(format!("{where_}: {detail}")),
                 Error::Timeout(_) => Error::Connection(format!(
                     "{where_}: no connection within {:?}{tls_hint}",
@@ -239,9 +241,15 @@ impl Client {
                 return Err(connect_timed_out());
             }
         }
-        let scripts = Scripts::new();
-        if let Err(e) = scripts.load_all(&redis).await {
-            let _ = redis.quit().await;
+        let conn = Conn::start(
+            redis,
+            config.command_timeout,
+            config.pubsub.publish_command(),
+            config.replica_sync,
+        )
+        .await;
+        if let Err(e) = conn.load(&all_scripts()).await {
+            let _ = conn.redis().quit().await;
             return Err(connect_error(e));
         }
         let subscriber = builder.build_subscriber_client().map_err(connect_error)?;
@@ -249,27 +257,26 @@ impl Client {
             match tokio::time::timeout(init_timeout, Hub::start(subscriber, config.pubsub)).await {
                 Ok(Ok(hub)) => hub,
                 Ok(Err(e)) => {
-                    let _ = redis.quit().await;
+                    let _ = conn.redis().quit().await;
                     return Err(connect_error(e));
                 }
                 Err(_) => {
-                    let _ = redis.quit().await;
+                    let _ = conn.redis().quit().await;
                     return Err(connect_timed_out());
                 }
             };
 
-        let watchdog = Arc::new(Watchdog::new(config.watchdog_lease));
+        let id: Arc<str> = uuid::Uuid::new_v4().to_string().into();
+        let holds = Holds::new(id.clone(), config.watchdog_lease);
+        let watchdog = Watchdog::start(conn.clone(), holds.clone());
         let inner = Arc::new(ClientInner {
-            id: uuid::Uuid::new_v4().to_string(),
-            redis,
+            id,
+            conn,
             hub,
-            watchdog: watchdog.clone(),
-            scripts,
+            holds,
+            watchdog,
             config,
-            runtime: tokio::runtime::Handle::current(),
-            closed: AtomicBool::new(false),
         });
-        tokio::spawn(watchdog::run(Arc::downgrade(&inner), watchdog));
         tracing::debug!(client = %inner.id, url = %redact_url(&inner.config.url), "connected");
         Ok(Client { inner })
     }
@@ -280,6 +287,40 @@ impl Client {
     /// return [`Error::InvalidArgument`].
     pub fn lock(&self, name: impl AsRef<str>) -> Lock {
         Lock::new(self.inner.clone(), name.as_ref())
+    }
+
+    /// A handle on the fenced lock called `name`: a [`Lock`] whose every acquisition hands out
+    /// a fencing token (see [`FencedLock`](crate::FencedLock)).
+    pub fn fenced_lock(&self, name: impl AsRef<str>) -> crate::FencedLock {
+        crate::FencedLock::new(self.inner.clone(), name.as_ref())
+    }
+
+    /// A handle on the fair lock called `name`: a [`Lock`] served first come, first served
+    /// (see [`FairLock`](crate::FairLock)).
+    pub fn fair_lock(&self, name: impl AsRef<str>) -> crate::FairLock {
+        crate::FairLock::new(self.inner.clone(), name.as_ref())
+    }
+
+    /// A handle on the read/write lock called `name`: Redisson's `RReadWriteLock` (see
+    /// [`ReadWriteLock`](crate::ReadWriteLock)).
+    pub fn read_write_lock(&self, name: impl AsRef<str>) -> crate::ReadWriteLock {
+        crate::ReadWriteLock::new(self.inner.clone(), name.as_ref())
+    }
+
+    /// A handle on the semaphore called `name`: Redisson's `RSemaphore`, a counter of free
+    /// permits. **Its permits are not owned**: a holder that crashes loses its permits for
+    /// good (see [`Semaphore`](crate::Semaphore)); when that matters, use
+    /// [`leased_semaphore`](Client::leased_semaphore).
+    pub fn semaphore(&self, name: impl AsRef<str>) -> crate::Semaphore {
+        crate::Semaphore::new(self.inner.clone(), name.as_ref())
+    }
+
+    /// A handle on the leased semaphore called `name`: Redisson's
+    /// `RPermitExpirableSemaphore`, whose permits have ids and leases renewed by the watchdog,
+    /// so a crashed holder's permit comes back (see
+    /// [`LeasedSemaphore`](crate::LeasedSemaphore)).
+    pub fn leased_semaphore(&self, name: impl AsRef<str>) -> crate::LeasedSemaphore {
+        crate::LeasedSemaphore::new(self.inner.clone(), name.as_ref())
     }
 
     /// This client's unique id: the first half of every owner field it writes.
@@ -294,7 +335,7 @@ impl Client {
 
     /// The underlying fred client, for commands redbaton does not wrap.
     pub fn redis(&self) -> &fred::clients::Client {
-        &self.inner.redis
+        self.inner.conn.redis()
     }
 
     /// Stops the watchdog and the subscriber and closes the connections.
@@ -305,38 +346,52 @@ impl Client {
     /// twice is harmless.
     pub async fn shutdown(&self) -> Result<()> {
         let inner = &self.inner;
-        if inner.closed.swap(true, Ordering::AcqRel) {
+        let conn = &inner.conn;
+        if !conn.close() {
             return Ok(());
         }
         inner.watchdog.stop();
-        let mut first_error = None;
-        for (hold, guards) in inner.watchdog.drain() {
-            let released = inner
-                .scripts
-                .release_owner(
-                    &inner.redis,
-                    &hold.key,
-                    &hold.channel,
-                    &hold.owner,
-                    inner.publish_command(),
-                )
-                .await;
+        // Waiters leave first (returning ShutDown) and undo what their wait left in Redis (a
+        // fair lock's place in the queue) while the connection is still open.
+        inner.hub.wake_all();
+        let leave_by = tokio::time::Instant::now() + conn.command_timeout();
+        if !inner.holds.none_waiting(leave_by).await {
+            tracing::debug!("shutdown: waiters still leaving after the command timeout");
+        }
+        // Each hold is released under its owner's turn: a call in flight on it (an acquire,
+        // a dropped guard's release) finishes first, so nothing is released twice or left
+        // behind.
+        let deadline = tokio::time::Instant::now() + conn.command_timeout();
+        let releases = inner.holds.entries().into_iter().map(|entry| async move {
+            let turn = inner
+                .holds
+                .turn(&entry.key, &entry.field, &entry.ops, deadline)
+                .await?;
+            let guards = turn.end("client shut down");
+            if guards == 0 {
+                return None;
+            }
+            // Only this client's holds: another client may hold the same owner too.
+            let released = bounded(entry.ops.release(conn, &entry.field, guards, 0), conn).await;
+            drop(turn);
             match released {
-                Ok(true) => {
-                    tracing::warn!(key = %hold.key, owner = %hold.owner, guards, "shutdown released a lock still held")
-                }
-                Ok(false) => {
-                    tracing::warn!(key = %hold.key, owner = %hold.owner, "shutdown found a held lock already gone")
+                Ok(_) => {
+                    tracing::warn!(key = %entry.key, owner = %entry.field, guards, "shutdown released a lock still held");
+                    None
                 }
                 Err(e) => {
-                    tracing::warn!(key = %hold.key, error = %e, "shutdown could not release a lock; it expires with its lease");
-                    first_error.get_or_insert(inner.error(e, &hold.key));
+                    tracing::warn!(key = %entry.key, error = %e, "shutdown could not release a lock; it expires with its lease");
+                    Some(e.to_error(conn, entry.ops.name()))
                 }
             }
-            hold.mark_lost("client shut down");
-        }
+        });
+        let first_error = futures::future::join_all(releases)
+            .await
+            .into_iter()
+            .flatten()
+            .next();
         inner.hub.shutdown().await;
-        if let Err(e) = inner.redis.quit().await {
+        if let Err(e) = conn.redis().quit().await {
             tracing::debug!(error = %e, "quit");
         }
         tracing::debug!(client = %inner.id, "shut down");
@@ -348,7 +403,7 @@ impl Client {
 
     /// The default watchdog lease of this client.
     pub fn watchdog_lease(&self) -> Duration {
-        self.inner.watchdog.lease()
+        self.inner.holds.watchdog_lease()
     }
 }
 

@@ -8,6 +8,10 @@ use crate::{Client, Error, Result};
 /// The default watchdog lease, as in Redisson (`lockWatchdogTimeout`).
 pub const DEFAULT_WATCHDOG_LEASE: Duration = Duration::from_secs(30);
 
+/// How long a queued fair-lock waiter may go without taking its turn before the others skip
+/// it, by default (Redisson's `fairLockWaitTimeout`, 5 minutes).
+pub const DEFAULT_FAIR_LOCK_WAIT: Duration = Duration::from_secs(300);
+
 /// The shortest watchdog lease accepted: renewal runs every third of it.
 pub const MIN_WATCHDOG_LEASE: Duration = Duration::from_millis(100);
 
@@ -38,6 +42,45 @@ impl PubSubMode {
     }
 }
 
+/// Whether lock, unlock and renewal scripts wait for replicas before they count (Redis's
+/// `WAIT`, sent right behind each script on the same connection and node).
+///
+/// Redis replicates asynchronously: a hold taken on a primary that dies before its replicas
+/// received it is gone once a replica is promoted, and another client can take the lock while
+/// the first still holds a guard. With replica sync, an acquire counts only once replicas
+/// acknowledged it (an unacknowledged one is released again and retried within the caller's
+/// wait, then fails with [`Error::NotReplicated`]), and a renewal extends a guard's validity
+/// only once acknowledged, so [`lost`](crate::Guard::lost) never trusts an expiry the replica
+/// that would take over does not have.
+///
+/// What it cannot do: a failover that promotes a replica which had *not* acknowledged (Redis
+/// does not promise to pick one that had), or one that loses acknowledged writes (a replica
+/// restarted without persistence), still loses holds; clocks that jump still end leases early
+/// or late. Where a stale holder must never write, use a [`FencedLock`](crate::FencedLock) and
+/// let the resource check its tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum ReplicaSync {
+    /// Never wait for replicas.
+    Off,
+    /// Wait for at least one replica wherever the key's primary has replicas connected
+    /// (learnt from `INFO replication`, re-read every second), for at most
+    /// [`AUTO_REPLICA_TIMEOUT`]. A primary without replicas pays nothing. The default.
+    #[default]
+    Auto,
+    /// Wait for `min` replicas, for at most `timeout`, whatever the primary reports; fewer
+    /// means not replicated (also on a primary without replicas).
+    Replicas {
+        /// How many replicas must acknowledge.
+        min: u32,
+        /// The longest to wait for them.
+        timeout: Duration,
+    },
+}
+
+/// How long [`ReplicaSync::Auto`] waits for a replica's acknowledgement.
+pub const AUTO_REPLICA_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// Everything a [`Client`] needs: where Redis is and how locks behave.
 ///
 /// ```
@@ -64,12 +107,21 @@ pub struct Config {
     pub reconnect_max_delay: Duration,
     /// Classic or sharded pub/sub for wake-ups.
     pub pubsub: PubSubMode,
+    /// How long a [`FairLock`](crate::FairLock) waiter that waits without a deadline (or
+    /// longer than this) stays queued after its predecessor's turn before the others count
+    /// it as dead and skip it (Redisson's `fairLockWaitTimeout`; default 5 minutes). A shorter
+    /// wait frees the queue sooner from a crashed waiter; a live waiter that is skipped
+    /// queues again at the back. See [`FairLock`](crate::FairLock).
+    pub fair_lock_wait: Duration,
     /// For `rediss://` URLs: a PEM file of the CA certificate(s) that signed the server's
     /// certificate. When set, the client trusts **only** these certificates (a private CA
     /// for Redis is the usual case); when `None`, it trusts the system's root certificates
     /// (which `SSL_CERT_FILE`/`SSL_CERT_DIR` can also point elsewhere). Setting it for a URL
     /// without TLS is refused.
     pub tls_ca_file: Option<std::path::PathBuf>,
+    /// Whether lock scripts wait for replicas (see [`ReplicaSync`]; default
+    /// [`ReplicaSync::Auto`]).
+    pub replica_sync: ReplicaSync,
 }
 
 impl Config {
@@ -84,6 +136,8 @@ impl Config {
             reconnect_max_delay: Duration::from_secs(2),
             pubsub: PubSubMode::Classic,
             tls_ca_file: None,
+            fair_lock_wait: DEFAULT_FAIR_LOCK_WAIT,
+            replica_sync: ReplicaSync::Auto,
         }
     }
 
@@ -94,10 +148,20 @@ impl Config {
                 self.watchdog_lease, MIN_WATCHDOG_LEASE, MAX_LEASE
             )));
         }
+        if let ReplicaSync::Replicas { min, timeout } = self.replica_sync {
+            if min == 0 || timeout.is_zero() || timeout >= self.command_timeout {
+                return Err(Error::InvalidArgument(format!(
+                    "replica sync of {min} replica(s) within {timeout:?}: both must be positive, \
+                     and the timeout shorter than the command timeout {:?}",
+                    self.command_timeout
+                )));
+            }
+        }
         for (what, value) in [
             ("command timeout", self.command_timeout),
             ("connect timeout", self.connect_timeout),
             ("reconnect delay", self.reconnect_max_delay),
+            ("fair lock wait", self.fair_lock_wait),
         ] {
             if value.is_zero() || value > Duration::from_secs(24 * 3600) {
                 return Err(Error::InvalidArgument(format!(
@@ -131,6 +195,8 @@ impl fmt::Debug for Config {
             .field("reconnect_max_delay", &self.reconnect_max_delay)
             .field("pubsub", &self.pubsub)
             .field("tls_ca_file", &self.tls_ca_file)
+            .field("fair_lock_wait", &self.fair_lock_wait)
+            .field("replica_sync", &self.replica_sync)
             .finish()
     }
 }
@@ -224,6 +290,19 @@ impl Builder {
         self
     }
 
+    /// How long a queued fair-lock waiter may miss its turn before it is skipped (default
+    /// 5 minutes; see [`Config::fair_lock_wait`]).
+    pub fn fair_lock_wait(mut self, wait: Duration) -> Self {
+        self.config.fair_lock_wait = wait;
+        self
+    }
+
+    /// Whether lock scripts wait for replicas (default [`ReplicaSync::Auto`]).
+    pub fn replica_sync(mut self, sync: ReplicaSync) -> Self {
+        self.config.replica_sync = sync;
+        self
+    }
+
     /// The settings collected so far.
     pub fn config(&self) -> &Config {
         &self.config
@@ -262,6 +341,9 @@ mod tests {
         assert!(matches!(config.validate(), Err(Error::InvalidArgument(_))));
         config.watchdog_lease = DEFAULT_WATCHDOG_LEASE;
         config.command_timeout = Duration::ZERO;
+        assert!(matches!(config.validate(), Err(Error::InvalidArgument(_))));
+        config = Config::default();
+        config.fair_lock_wait = Duration::ZERO;
         assert!(matches!(config.validate(), Err(Error::InvalidArgument(_))));
     }
 }

@@ -24,6 +24,16 @@ pub enum Error {
         /// What Redis or the check said.
         detail: String,
     },
+    /// The owner asked for a lock that only its own holds keep from it, so waiting would never
+    /// end: a [`ReadWriteLock`](crate::ReadWriteLock)'s reader asking for the write lock (a
+    /// read hold cannot be upgraded). Nothing was taken.
+    #[error("lock {name:?}: {detail}")]
+    WouldDeadlock {
+        /// The lock's name.
+        name: String,
+        /// Why.
+        detail: String,
+    },
     /// An argument was refused before anything was sent to Redis.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
@@ -39,6 +49,16 @@ pub enum Error {
     /// Any other error reply from Redis.
     #[error("redis error: {0}")]
     Redis(String),
+    /// Fewer replicas than required acknowledged a lock script (see
+    /// [`ReplicaSync`](crate::ReplicaSync)): an acquire was released again, a release or
+    /// renewal may not survive a failover.
+    #[error("only {acked} of {wanted} replica(s) acknowledged in time")]
+    NotReplicated {
+        /// Replicas that acknowledged.
+        acked: u32,
+        /// Replicas required.
+        wanted: u32,
+    },
     /// The client was shut down; it sends nothing more.
     #[error("the client was shut down")]
     ShutDown,
@@ -50,7 +70,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 impl Error {
     /// Maps a fred error to ours. `timeout` is the configured command timeout, quoted in
     /// [`Error::Timeout`].
-    pub(crate) fn from_redis(err: fred::error::Error, name: &str, timeout: Duration) -> Self {
+    pub(crate) fn from_redis(err: &fred::error::Error, name: &str, timeout: Duration) -> Self {
         use fred::error::ErrorKind;
         let details = err.details();
         if details.contains("WRONGTYPE") {
@@ -65,10 +85,15 @@ impl Error {
         {
             return Error::Auth(details.to_owned());
         }
-        if is_spent_redirect(&err) {
-            // A cluster redirection (failover, resharding) met fred's one-attempt limit: the
-            // command did not run, and the next one goes to the slot's new owner.
+        if is_redirect(err) {
+            // A cluster redirection (failover, resharding) that fred was told not to follow:
+            // the command did not run, and the next one goes to the slot's new owner.
             return Error::Connection(format!("cluster redirection: {details}"));
+        }
+        if is_rewrite(err) {
+            // fred would have had to write the command a second time (after a lost connection
+            // or a redirect) and was told not to: whether it ran is unknown.
+            return Error::Connection(format!("not re-sent: {details}"));
         }
         if details.starts_with("Failed to route command") {
             // fred had no connection to send it on (disconnected, reconnecting): the command
@@ -94,14 +119,25 @@ impl Error {
 
     /// Whether retrying later may succeed: the server was unreachable or slow.
     pub(crate) fn is_transient(&self) -> bool {
-        matches!(self, Error::Connection(_) | Error::Timeout(_))
+        matches!(
+            self,
+            Error::Connection(_) | Error::Timeout(_) | Error::NotReplicated { .. }
+        )
     }
 }
 
-/// fred's reply when a command met a cluster redirection (MOVED/ASK, after a failover or a
-/// slot migration) and would need a second write, which `max_command_attempts = 1` forbids.
-/// (In-flight commands on a dropped connection fail with an I/O error instead, never this.)
-pub(crate) fn is_spent_redirect(err: &fred::error::Error) -> bool {
+/// fred's reply when a command met a cluster redirection (MOVED or ASK: a failover, a slot
+/// migration) with `max_redirections = 0`: the server did not run it, and fred re-read the
+/// slot map for MOVED. (With redirections allowed, fred 10.1 answers an ASK by ending its
+/// router task: the client would stop working for good.)
+pub(crate) fn is_redirect(err: &fred::error::Error) -> bool {
+    err.details() == "Too many redirections."
+}
+
+/// fred's reply when a command would need a second write, which `max_command_attempts = 1`
+/// forbids. It comes both after a redirect and for a command that was in flight on a
+/// connection found broken during a cluster resync — one that may have run.
+pub(crate) fn is_rewrite(err: &fred::error::Error) -> bool {
     err.details() == "Too many failed write attempts."
 }
 

@@ -1,25 +1,30 @@
-//! The hub: one shared subscriber connection per [`Client`](crate::Client), routing unlock
+//! The hub: one shared subscriber connection per [`Client`](crate::Client), routing release
 //! messages to the tasks parked on each lock.
 //!
 //! Waiters of one channel share one Redis subscription, counted: the first waiter's
 //! registration queues a SUBSCRIBE, the last one's departure an UNSUBSCRIBE. Both are queued
-//! while the registry lock is held and sent by one task in queue order, so the server's view
-//! can never fall behind the registry (no leaked subscription, no unsubscribe that overtakes
-//! a newer subscribe), even when registrations are dropped mid-flight by cancellation.
+//! while the channel's map entry is locked and sent by one task in queue order, so the
+//! server's view can never fall behind the registry (no leaked subscription, no unsubscribe
+//! that overtakes a newer subscribe), even when registrations are dropped mid-flight by
+//! cancellation.
 //!
 //! A subscription is *confirmed* once a PING on the subscriber connection has come back after
 //! the SUBSCRIBE (fred resolves `subscribe` when the command is queued, not when the server
-//! has processed it). A waiter re-checks the lock only after confirmation, so an unlock
-//! published in between cannot be missed.
+//! has processed it). A waiter re-checks the lock only after confirmation, so a release
+//! published in between cannot be missed. A reconnect un-confirms every channel until it is
+//! subscribed again.
 //!
-//! An unlock message (`0`) wakes **one** waiter of the channel in this process; a read-unlock
-//! (`1`) wakes all. After the subscriber reconnects, or when the message stream lagged,
-//! messages may have been lost: the hub then bumps its *generation* and every waiter re-checks.
+//! Within a channel, waiters are grouped by the key they wait for: two names can share a
+//! channel (`x` and `{x}` both use `redisson_lock__channel:{x}`), and a message carries no
+//! name, so each group gets the wake-up — a wake-up for the wrong key costs one failed
+//! re-check, never a sleep until the lease ends. What a message means is the channel's
+//! [`Wake`] rule. After the subscriber reconnects, or when the message stream lagged, messages
+//! may have been lost: the hub then bumps its *generation* and every waiter re-checks.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use dashmap::DashMap;
 use fred::clients::SubscriberClient;
 use fred::interfaces::{ClientLike, ClusterInterface, EventInterface, PubsubInterface};
 use fred::types::{ClusterHash, CustomCommand, Value};
@@ -29,36 +34,161 @@ use tokio::sync::{mpsc, watch, Notify};
 
 use crate::config::PubSubMode;
 
-/// One lock channel as seen by this process.
+/// What a message on a channel means for its waiters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wake {
+    /// A lock channel: `0` (unlock) wakes one waiter of each group, `1` (a read/write lock's
+    /// write-unlock) wakes all of them.
+    Lock,
+    /// A semaphore channel: the message is a number of permits, and wakes that many waiters
+    /// of each group.
+    Permits,
+}
+
+/// One channel as seen by this process.
 pub(crate) struct Channel {
     name: Arc<str>,
-    /// Wake-one primitive the channel's waiters park on.
-    wake: Notify,
+    wake: Wake,
     confirmed: AtomicBool,
     confirm: Notify,
+    /// Why the server refused this channel's subscription (an ACL without the channel or
+    /// the command): its waiters fail with [`Error::Auth`](crate::Error::Auth) instead of
+    /// silently polling. A later waiter, once this channel is gone, tries again.
+    refused: Mutex<Option<String>>,
+    /// The waiter groups, by key. Few per channel (usually one).
+    groups: Mutex<Vec<Arc<Group>>>,
+}
+
+/// The waiters of one key on a channel.
+pub(crate) struct Group {
+    key: Arc<str>,
+    /// Waiters registered (the group leaves its channel at zero); changed only under the
+    /// channel's `groups` lock.
+    waiters: AtomicUsize,
+    /// The wake-up primitive they park on (FIFO for `notify_one`).
+    notify: Notify,
+    /// [`Wake::Permits`]: wake-ups delivered and not yet taken by a waiter, at most one per
+    /// registered waiter. `Notify` keeps at most one wake-up for a waiter that is not parked
+    /// yet (still busy with its attempt when the message came), so `n` wake-ups would
+    /// collapse into one; they are counted here instead.
+    pending: AtomicUsize,
+}
+
+impl Group {
+    /// Parks until a message wakes this waiter.
+    async fn wait(&self, wake: Wake) {
+        match wake {
+            Wake::Lock => self.notify.notified().await,
+            Wake::Permits => loop {
+                let notified = self.notify.notified();
+                tokio::pin!(notified);
+                // Registered before the check: a wake-up counted after it notifies this one.
+                notified.as_mut().enable();
+                if self.take_pending() {
+                    return;
+                }
+                notified.await;
+            },
+        }
+    }
+
+    /// Takes one pending wake-up, if any.
+    fn take_pending(&self) -> bool {
+        self.pending
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |p| p.checked_sub(1))
+            .is_ok()
+    }
+
+    /// Adds up to `n` wake-ups (capped at one per registered waiter) and notifies as many
+    /// waiters.
+    fn add_pending(&self, n: u64) {
+        let waiters = self.waiters.load(Ordering::Relaxed);
+        let mut added = 0;
+        let _ = self
+            .pending
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |p| {
+                let room = waiters.max(1).saturating_sub(p) as u64;
+                added = n.min(room) as usize;
+                Some(p + added)
+            });
+        for _ in 0..added {
+            self.notify.notify_one();
+        }
+    }
 }
 
 impl Channel {
-    /// Resolves once the server has processed this channel's SUBSCRIBE.
+    /// Resolves once the server has processed this channel's SUBSCRIBE (or refused it).
     pub(crate) async fn confirmed(&self) {
         loop {
             let notified = self.confirm.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if self.confirmed.load(Ordering::Acquire) {
+            if self.is_confirmed() || self.refused.lock().is_some() {
                 return;
             }
             notified.await;
         }
     }
 
-    fn set_confirmed(&self) {
-        self.confirmed.store(true, Ordering::Release);
-        self.confirm.notify_waiters();
+    fn set_confirmed(&self, confirmed: bool) {
+        self.confirmed.store(confirmed, Ordering::Release);
+        if confirmed {
+            self.confirm.notify_waiters();
+        }
     }
 
     pub(crate) fn is_confirmed(&self) -> bool {
         self.confirmed.load(Ordering::Acquire)
+    }
+
+    /// The server's refusal of this subscription, if it refused it.
+    pub(crate) fn refused(&self) -> Option<String> {
+        self.refused.lock().clone()
+    }
+
+    /// Records a refusal when `error` is one (a permission, not a passing failure), waking
+    /// the waiters so they report it. Returns whether it was.
+    fn refuse_if_denied(&self, error: &fred::error::Error) -> bool {
+        let details = error.details();
+        if !details.starts_with("NOPERM") && !details.starts_with("NOAUTH") {
+            return false;
+        }
+        tracing::error!(channel = %self.name, error = %details, "the server refuses this subscription: its waiters fail");
+        *self.refused.lock() = Some(details.to_owned());
+        self.confirm.notify_waiters();
+        self.groups
+            .lock()
+            .iter()
+            .for_each(|g| g.notify.notify_waiters());
+        true
+    }
+
+    /// Applies a message to every group.
+    fn deliver(&self, message: &Value) {
+        let Some(text) = message.as_str() else { return };
+        let groups = self.groups.lock().clone();
+        match (self.wake, &*text) {
+            (Wake::Lock, "0") => {
+                tracing::trace!(channel = %self.name, "unlock message: waking one waiter");
+                groups.iter().for_each(|g| g.notify.notify_one());
+            }
+            (Wake::Lock, "1") => {
+                tracing::trace!(channel = %self.name, "write-unlock message: waking all waiters");
+                groups.iter().for_each(|g| {
+                    g.notify.notify_waiters();
+                    g.notify.notify_one();
+                });
+            }
+            (Wake::Permits, n) => {
+                let Ok(permits) = n.parse::<u64>() else {
+                    return;
+                };
+                tracing::trace!(channel = %self.name, permits, "permits released: waking as many waiters");
+                groups.iter().for_each(|g| g.add_pending(permits));
+            }
+            _ => {}
+        }
     }
 }
 
@@ -75,7 +205,7 @@ enum Op {
 pub(crate) struct Hub {
     subscriber: SubscriberClient,
     mode: PubSubMode,
-    channels: Mutex<HashMap<Arc<str>, Slot>>,
+    channels: DashMap<Arc<str>, Slot>,
     ops: mpsc::UnboundedSender<Op>,
     generation: watch::Sender<u64>,
     closed: AtomicBool,
@@ -85,6 +215,7 @@ pub(crate) struct Hub {
 pub(crate) struct Subscription {
     hub: Arc<Hub>,
     channel: Arc<Channel>,
+    group: Arc<Group>,
 }
 
 impl Subscription {
@@ -92,37 +223,52 @@ impl Subscription {
         &self.channel
     }
 
-    /// Parks until an unlock message for this channel wakes this waiter.
+    /// Parks until a message for this waiter's key wakes it.
     pub(crate) async fn notified(&self) {
-        self.channel.wake.notified().await
+        self.group.wait(self.channel.wake).await
     }
 
     /// Hands a wake-up this waiter received but will not use to the next waiter.
     pub(crate) fn pass_on(&self) {
         tracing::trace!(channel = %self.channel.name, "passing a wake-up on");
-        self.channel.wake.notify_one();
+        match self.channel.wake {
+            Wake::Lock => self.group.notify.notify_one(),
+            Wake::Permits => self.group.add_pending(1),
+        }
     }
 }
 
 impl Drop for Subscription {
     fn drop(&mut self) {
-        let mut channels = self.hub.channels.lock();
-        let Some(slot) = channels.get_mut(&self.channel.name) else {
-            return;
-        };
-        if !Arc::ptr_eq(&slot.channel, &self.channel) {
-            return;
-        }
-        slot.waiters -= 1;
-        if slot.waiters == 0 {
-            channels.remove(&self.channel.name);
-            // Queued under the registry lock: ordered after this channel's SUBSCRIBE and
-            // before any later one.
+        {
+            let mut groups = self.channel.groups.lock();
+            let left = self.group.waiters.fetch_sub(1, Ordering::Relaxed) - 1;
+            if left == 0 {
+                groups.retain(|g| !Arc::ptr_eq(g, &self.group));
+            }
+            // Wake-ups beyond the waiters left would only cause spurious re-checks.
             let _ = self
-                .hub
-                .ops
-                .send(Op::Unsubscribe(self.channel.name.clone()));
+                .group
+                .pending
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |p| {
+                    (p > left).then_some(left)
+                });
         }
+        let name = &self.channel.name;
+        let removed = self.hub.channels.remove_if_mut(name, |_, slot| {
+            if !Arc::ptr_eq(&slot.channel, &self.channel) {
+                return false;
+            }
+            slot.waiters -= 1;
+            if slot.waiters == 0 {
+                // Queued under the map entry's lock: ordered after this channel's SUBSCRIBE
+                // and before any later one.
+                let _ = self.hub.ops.send(Op::Unsubscribe(name.clone()));
+                return true;
+            }
+            false
+        });
+        drop(removed);
     }
 }
 
@@ -142,7 +288,7 @@ impl Hub {
         let hub = Arc::new(Hub {
             subscriber,
             mode,
-            channels: Mutex::new(HashMap::new()),
+            channels: DashMap::new(),
             ops,
             generation: watch::channel(0).0,
             closed: AtomicBool::new(false),
@@ -155,42 +301,60 @@ impl Hub {
         Ok(hub)
     }
 
-    /// Registers a waiter on `name`, subscribing if it is the channel's first.
-    pub(crate) fn subscribe(self: &Arc<Self>, name: &Arc<str>) -> Subscription {
-        let mut channels = self.channels.lock();
-        let channel = match channels.get_mut(name) {
-            Some(slot) => {
-                slot.waiters += 1;
-                slot.channel.clone()
-            }
-            None => {
+    /// Registers a waiter for `key` on `name`, subscribing if it is the channel's first.
+    pub(crate) fn subscribe(
+        self: &Arc<Self>,
+        name: &Arc<str>,
+        key: &Arc<str>,
+        wake: Wake,
+    ) -> Subscription {
+        let channel = {
+            let mut slot = self.channels.entry(name.clone()).or_insert_with(|| {
                 let channel = Arc::new(Channel {
                     name: name.clone(),
-                    wake: Notify::new(),
+                    wake,
                     confirmed: AtomicBool::new(false),
                     confirm: Notify::new(),
+                    refused: Mutex::new(None),
+                    groups: Mutex::new(Vec::new()),
                 });
-                channels.insert(
-                    name.clone(),
-                    Slot {
-                        channel: channel.clone(),
-                        waiters: 1,
-                    },
-                );
                 let _ = self.ops.send(Op::Subscribe(channel.clone()));
-                channel
-            }
+                Slot {
+                    channel,
+                    waiters: 0,
+                }
+            });
+            slot.waiters += 1;
+            slot.channel.clone()
+        };
+        let group = {
+            let mut groups = channel.groups.lock();
+            let group = match groups.iter().find(|g| g.key == *key) {
+                Some(group) => group.clone(),
+                None => {
+                    let group = Arc::new(Group {
+                        key: key.clone(),
+                        waiters: AtomicUsize::new(0),
+                        notify: Notify::new(),
+                        pending: AtomicUsize::new(0),
+                    });
+                    groups.push(group.clone());
+                    group
+                }
+            };
+            group.waiters.fetch_add(1, Ordering::Relaxed);
+            group
         };
         Subscription {
             hub: self.clone(),
             channel,
+            group,
         }
     }
 
     /// The channel's current registration if its subscription is already confirmed.
     pub(crate) fn confirmed_channel(&self, name: &str) -> Option<Arc<Channel>> {
-        let channels = self.channels.lock();
-        channels
+        self.channels
             .get(name)
             .filter(|slot| slot.channel.is_confirmed())
             .map(|slot| slot.channel.clone())
@@ -215,6 +379,13 @@ impl Hub {
         }
     }
 
+    fn channels(&self) -> Vec<Arc<Channel>> {
+        self.channels
+            .iter()
+            .map(|slot| slot.channel.clone())
+            .collect()
+    }
+
     async fn send_subscribe(&self, names: Vec<String>) -> Result<(), fred::error::Error> {
         match self.mode {
             PubSubMode::Classic => self.subscriber.subscribe(names).await,
@@ -223,7 +394,7 @@ impl Hub {
                 for name in names {
                     match self.subscriber.ssubscribe(name.clone()).await {
                         // Redirected (the slot moved): fred re-read the slot map; once more.
-                        Err(e) if crate::error::is_spent_redirect(&e) => {
+                        Err(e) if crate::error::is_redirect(&e) => {
                             self.subscriber.ssubscribe(name).await?
                         }
                         other => other?,
@@ -265,7 +436,7 @@ impl Hub {
         let Some(state) = self.subscriber.cached_cluster_state() else {
             return Vec::new();
         };
-        let mut names: Vec<Arc<str>> = self.channels.lock().keys().cloned().collect();
+        let mut names: Vec<Arc<str>> = self.channels.iter().map(|s| s.key().clone()).collect();
         names.sort();
         names
             .iter()
@@ -291,7 +462,7 @@ async fn follow_shards(hub: std::sync::Weak<Hub>) {
         if hub.closed.load(Ordering::Acquire) {
             break;
         }
-        if hub.channels.lock().is_empty() {
+        if hub.channels.is_empty() {
             last.clear();
             continue;
         }
@@ -311,7 +482,10 @@ async fn follow_shards(hub: std::sync::Weak<Hub>) {
 /// How often the hub re-reads a cluster's slot map while shard channels are subscribed.
 const SHARD_SCAN: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// Routes unlock messages to waiters.
+/// How long after a failed resubscription the hub tries again.
+const RESUBSCRIBE_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Routes release messages to waiters.
 async fn dispatch_messages(
     hub: Arc<Hub>,
     mut messages: tokio::sync::broadcast::Receiver<fred::types::Message>,
@@ -321,21 +495,10 @@ async fn dispatch_messages(
             Ok(message) => {
                 let channel = hub
                     .channels
-                    .lock()
                     .get(&*message.channel)
                     .map(|slot| slot.channel.clone());
-                let Some(channel) = channel else { continue };
-                match message.value.as_str().as_deref() {
-                    Some("0") => {
-                        tracing::trace!(channel = %channel.name, "unlock message: waking one waiter");
-                        channel.wake.notify_one();
-                    }
-                    Some("1") => {
-                        tracing::trace!(channel = %channel.name, "read-unlock message: waking all waiters");
-                        channel.wake.notify_waiters();
-                        channel.wake.notify_one();
-                    }
-                    _ => {}
+                if let Some(channel) = channel {
+                    channel.deliver(&message.value);
                 }
             }
             Err(RecvError::Lagged(missed)) => {
@@ -354,7 +517,14 @@ async fn apply_ops(
     mut ops: mpsc::UnboundedReceiver<Op>,
     mut reconnects: tokio::sync::broadcast::Receiver<fred::types::config::Server>,
 ) {
+    let mut retry_at: Option<tokio::time::Instant> = None;
     loop {
+        let retry = async {
+            match retry_at {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             op = ops.recv() => {
                 let Some(op) = op else { break };
@@ -365,9 +535,21 @@ async fn apply_ops(
                 apply_batch(&hub, batch).await;
             }
             event = reconnects.recv() => match event {
-                Ok(_) | Err(RecvError::Lagged(_)) => resubscribe(&hub).await,
+                Ok(_) | Err(RecvError::Lagged(_)) => {
+                    // Until resubscribed, no channel is known to be live.
+                    hub.channels().iter().for_each(|c| c.set_confirmed(false));
+                    retry_at = (!resubscribe(&hub).await)
+                        .then(|| tokio::time::Instant::now() + RESUBSCRIBE_RETRY);
+                }
                 Err(RecvError::Closed) => break,
             },
+            _ = retry => {
+                if hub.closed.load(Ordering::Acquire) {
+                    break;
+                }
+                retry_at = (!resubscribe(&hub).await)
+                    .then(|| tokio::time::Instant::now() + RESUBSCRIBE_RETRY);
+            }
         }
     }
 }
@@ -382,7 +564,9 @@ async fn apply_batch(hub: &Hub, batch: Vec<Op>) {
                     // The registry still lists it: the reconnect path resubscribes it, and its
                     // waiters fall back to the lock's PTTL meanwhile.
                     Err(e) => {
-                        tracing::warn!(channel = %channel.name, error = %e, "subscribe failed")
+                        if !channel.refuse_if_denied(&e) {
+                            tracing::warn!(channel = %channel.name, error = %e, "subscribe failed")
+                        }
                     }
                 }
             }
@@ -397,32 +581,141 @@ async fn apply_batch(hub: &Hub, batch: Vec<Op>) {
         return;
     }
     match hub.barrier().await {
-        Ok(()) => subscribed.iter().for_each(|c| c.set_confirmed()),
-        Err(e) => tracing::warn!(error = %e, "subscription barrier failed"),
+        Ok(()) => subscribed.iter().for_each(|c| c.set_confirmed(true)),
+        Err(e) => {
+            // Without the barrier nothing proves the subscriptions live; a refused one
+            // (an ACL without PING) is reported, not left to poll.
+            let refused = subscribed
+                .iter()
+                .fold(false, |r, c| c.refuse_if_denied(&e) | r);
+            if !refused {
+                tracing::warn!(error = %e, "subscription barrier failed");
+            }
+        }
     }
 }
 
-async fn resubscribe(hub: &Hub) {
-    let channels: Vec<Arc<Channel>> = hub
-        .channels
-        .lock()
-        .values()
-        .map(|slot| slot.channel.clone())
-        .collect();
+/// Resubscribes every channel and wakes every waiter. Returns whether the subscriptions are
+/// confirmed again.
+async fn resubscribe(hub: &Hub) -> bool {
+    let channels = hub.channels();
     tracing::info!(
         channels = channels.len(),
         "subscriber reconnected; resubscribing"
     );
+    let mut confirmed = true;
     if !channels.is_empty() {
         let names = channels.iter().map(|c| c.name.to_string()).collect();
-        match hub.send_subscribe(names).await {
-            Ok(()) => match hub.barrier().await {
-                Ok(()) => channels.iter().for_each(|c| c.set_confirmed()),
-                Err(e) => tracing::warn!(error = %e, "resubscription barrier failed"),
-            },
-            Err(e) => tracing::warn!(error = %e, "resubscribe failed"),
+        let result = match hub.send_subscribe(names).await {
+            Ok(()) => hub.barrier().await,
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(()) => channels.iter().for_each(|c| c.set_confirmed(true)),
+            Err(e) => {
+                if !channels
+                    .iter()
+                    .fold(false, |r, c| c.refuse_if_denied(&e) | r)
+                {
+                    tracing::warn!(error = %e, "resubscribe failed; retrying shortly");
+                }
+                confirmed = false;
+            }
         }
     }
     // Messages published while disconnected are gone: every waiter re-checks.
     hub.wake_all();
+    confirmed
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn permits_channel(waiters: usize) -> (Channel, Arc<Group>) {
+        let group = Arc::new(Group {
+            key: "sem".into(),
+            waiters: AtomicUsize::new(waiters),
+            notify: Notify::new(),
+            pending: AtomicUsize::new(0),
+        });
+        let channel = Channel {
+            name: "redisson_sc:{sem}".into(),
+            wake: Wake::Permits,
+            confirmed: AtomicBool::new(true),
+            confirm: Notify::new(),
+            refused: Mutex::new(None),
+            groups: Mutex::new(vec![group.clone()]),
+        };
+        (channel, group)
+    }
+
+    async fn woken(group: &Group, within: Duration) -> bool {
+        tokio::time::timeout(within, group.wait(Wake::Permits))
+            .await
+            .is_ok()
+    }
+
+    #[tokio::test]
+    async fn permits_wake_waiters_that_were_not_parked_yet() {
+        // Three waiters are busy with their attempts when "3" arrives: none is parked. Each
+        // must still find its wake-up when it parks (a Notify keeps only one).
+        let (channel, group) = permits_channel(3);
+        channel.deliver(&Value::from("3"));
+        for i in 0..3 {
+            assert!(
+                woken(&group, Duration::from_secs(5)).await,
+                "waiter {i} lost its wake-up"
+            );
+        }
+        assert!(
+            !woken(&group, Duration::from_millis(100)).await,
+            "three permits, three wake-ups"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_message_wakes_as_many_parked_waiters_as_permits() {
+        let (channel, group) = permits_channel(5);
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        for i in 0..5 {
+            let (group, tx) = (group.clone(), tx.clone());
+            tokio::spawn(async move {
+                group.wait(Wake::Permits).await;
+                let _ = tx.send(i);
+            });
+        }
+        tokio::task::yield_now().await;
+        channel.deliver(&Value::from("2"));
+        for _ in 0..2 {
+            tokio::time::timeout(Duration::from_secs(5), rx.recv())
+                .await
+                .expect("woken")
+                .unwrap();
+        }
+        assert!(
+            tokio::time::timeout(Duration::from_millis(100), rx.recv())
+                .await
+                .is_err(),
+            "two permits woke a third waiter"
+        );
+        // Messages that are not a positive count wake nobody.
+        for message in ["0", "-3", "x"] {
+            channel.deliver(&Value::from(message));
+        }
+        assert!(tokio::time::timeout(Duration::from_millis(100), rx.recv())
+            .await
+            .is_err());
+        // More permits than waiters wake every one of them, and no more are kept.
+        channel.deliver(&Value::from("100"));
+        for _ in 0..3 {
+            tokio::time::timeout(Duration::from_secs(5), rx.recv())
+                .await
+                .expect("woken")
+                .unwrap();
+        }
+        assert!(group.pending.load(Ordering::Relaxed) <= 5);
+    }
 }

@@ -27,26 +27,40 @@
 
 #![warn(missing_docs)]
 
+mod acquire;
 mod client;
 mod config;
+mod conn;
 mod error;
 mod guard;
+mod holds;
 mod hub;
-mod lock;
+mod kinds;
+mod leased_semaphore;
 mod multilock;
 mod owner;
 mod redlock;
-mod scripts;
+mod semaphore;
 mod state;
 mod watchdog;
 
 pub use client::Client;
 pub use config::{
-    Builder, Config, PubSubMode, DEFAULT_WATCHDOG_LEASE, MAX_LEASE, MIN_WATCHDOG_LEASE,
+    Builder, Config, PubSubMode, ReplicaSync, AUTO_REPLICA_TIMEOUT, DEFAULT_FAIR_LOCK_WAIT,
+    DEFAULT_WATCHDOG_LEASE, MAX_LEASE, MIN_WATCHDOG_LEASE,
 };
 pub use error::{Error, Result};
-pub use guard::LockGuard;
-pub use lock::{Lock, MAX_NAME_LEN};
+pub use guard::Guard;
+pub use kinds::fair::{FairGuard, FairLock};
+pub use kinds::fenced::{FencedGuard, FencedLock};
+pub use kinds::reentrant::Lock;
+pub use kinds::rwlock::{ReadGuard, ReadLock, ReadWriteLock, WriteGuard, WriteLock};
+pub use kinds::MAX_NAME_LEN;
+pub use leased_semaphore::{LeasedPermit, LeasedSemaphore, PermitId};
+pub use semaphore::{Semaphore, DEFAULT_RECHECK_INTERVAL, MAX_PERMITS, MAX_RECHECK_INTERVAL};
+
+/// A hold of a [`Lock`].
+pub type LockGuard = Guard<Lock>;
 pub use multilock::{MultiLock, MultiLockGuard, RedLockGuard};
 pub use owner::Owner;
 pub use redlock::RedLock;
@@ -70,6 +84,11 @@ mod assertions {
         send_static::<crate::RedLock>();
         sync::<crate::RedLock>();
         send_static::<crate::Lock>();
+        send_static::<crate::Semaphore>();
+        sync::<crate::Semaphore>();
+        send_static::<crate::LeasedSemaphore>();
+        sync::<crate::LeasedSemaphore>();
+        send_static::<crate::LeasedPermit>();
         send_static::<crate::Error>();
         send_static::<crate::Client>();
         sync::<crate::Lock>();

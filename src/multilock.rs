@@ -50,16 +50,34 @@ use crate::{Error, Lock, LockGuard, Result};
 ///   lost as soon as any part is lost, and [`MultiLockGuard::lost`] says so.
 /// - `unlock()` releases every part and then reports the first error, where Redisson stops at
 ///   the first failure.
+///
+/// # The same lock twice
+///
+/// Two parts must not be the same lock: taken as two owners (through two clients, or with
+/// [`Lock::with_owner`]) each part would shut the other out for ever, and through one owner
+/// the second would merely re-enter the first. A multi-lock whose list names one lock twice
+/// returns [`Error::InvalidArgument`] from every operation, before anything is sent.
+///
+/// Two parts count as the same lock when they have the same key (name after the client's
+/// key prefix) in the same database and their clients' URLs name a common server: the same
+/// `host:port` as written (a cluster or Sentinel URL names several; any one in common
+/// suffices, and Sentinel URLs must also name the same service). Nothing is looked up, so one
+/// server reached under two different host names (`localhost` and `127.0.0.1`) is not
+/// recognised — name a server the same way in every client.
 #[derive(Clone, Debug)]
 pub struct MultiLock {
     locks: Vec<Lock>,
+    /// Why every operation is refused (the list is empty or names one lock twice).
+    invalid: Option<String>,
 }
 
 impl MultiLock {
-    /// A multi-lock over `locks` (in any order, from any clients). An empty list makes every
-    /// operation return [`Error::InvalidArgument`].
+    /// A multi-lock over `locks` (in any order, from any clients). An empty list, or one that
+    /// names the same lock twice (see [`MultiLock`]), makes every operation return
+    /// [`Error::InvalidArgument`].
     pub fn new(locks: Vec<Lock>) -> MultiLock {
-        MultiLock { locks }
+        let invalid = refusal(&locks);
+        MultiLock { locks, invalid }
     }
 
     /// The parts, as given.
@@ -109,13 +127,11 @@ impl MultiLock {
         wait: Option<Duration>,
         lease: Option<Duration>,
     ) -> Result<Option<MultiLockGuard>> {
-        if self.locks.is_empty() {
-            return Err(Error::InvalidArgument(
-                "a multi-lock needs at least one lock".to_owned(),
-            ));
+        if let Some(why) = &self.invalid {
+            return Err(Error::InvalidArgument(why.clone()));
         }
         if let Some(lease) = lease {
-            crate::lock::lease_millis(lease)?;
+            crate::kinds::lease_millis(lease)?;
         }
         let deadline = wait.and_then(|w| Instant::now().checked_add(w));
         let remaining = || deadline.map(|d| d.saturating_duration_since(Instant::now()));
@@ -160,6 +176,74 @@ impl MultiLock {
             }
         }
     }
+}
+
+/// Where a part's lock lives, as far as the clients' settings tell without asking a server.
+struct Place<'a> {
+    key: &'a str,
+    database: u8,
+    /// The Sentinel service name; empty for other deployments.
+    service: String,
+    /// `host:port` of every server the client's URL names (lower-case host).
+    endpoints: Vec<(String, u16)>,
+}
+
+impl<'a> Place<'a> {
+    fn of(lock: &'a Lock) -> Place<'a> {
+        use crate::kinds::Kind;
+        use fred::interfaces::ClientLike;
+        use fred::types::config::{Server, ServerConfig};
+        let named = lock.named();
+        let config = named.client.conn.redis().client_config();
+        let endpoint = |s: &Server| (s.host.to_lowercase(), s.port);
+        let (service, endpoints) = match &config.server {
+            ServerConfig::Centralized { server } => (String::new(), vec![endpoint(server)]),
+            ServerConfig::Clustered { hosts, .. } => {
+                (String::new(), hosts.iter().map(endpoint).collect())
+            }
+            ServerConfig::Sentinel {
+                hosts,
+                service_name,
+                ..
+            } => (service_name.clone(), hosts.iter().map(endpoint).collect()),
+            // Unix sockets (a fred feature redbaton does not enable): never matched.
+            #[allow(unreachable_patterns)]
+            _ => (String::new(), Vec::new()),
+        };
+        Place {
+            key: &named.key,
+            database: config.database.unwrap_or(0),
+            service,
+            endpoints,
+        }
+    }
+
+    fn same_lock(&self, other: &Place<'_>) -> bool {
+        self.key == other.key
+            && self.database == other.database
+            && self.service == other.service
+            && self.endpoints.iter().any(|e| other.endpoints.contains(e))
+    }
+}
+
+/// Why a multi-lock over `locks` must refuse every operation, if it must.
+fn refusal(locks: &[Lock]) -> Option<String> {
+    if locks.is_empty() {
+        return Some("a multi-lock needs at least one lock".to_owned());
+    }
+    let places: Vec<Place<'_>> = locks.iter().map(Place::of).collect();
+    for (i, a) in places.iter().enumerate() {
+        if let Some(j) = places[i + 1..].iter().position(|b| a.same_lock(b)) {
+            return Some(format!(
+                "a multi-lock got lock {:?} twice (parts {} and {}: same key on the same \
+                 server); each lock may appear once",
+                locks[i].name(),
+                i,
+                i + 1 + j
+            ));
+        }
+    }
+    None
 }
 
 /// One part through the public [`Lock`] API. `wait` None = no deadline; `lease` None = the

@@ -29,8 +29,9 @@ thread_local! {
 /// The owner number of the caller: its tokio task id, or a per-thread number outside tasks.
 pub(crate) fn current_owner_number() -> u64 {
     if let Some(id) = tokio::task::try_id() {
-        // `Id` exposes no integer accessor; its Display form is the number.
-        if let Ok(n) = id.to_string().parse::<u64>() {
+        // `Id` exposes no integer accessor; its Display form is the number. Written into a
+        // stack buffer: this runs on every acquire, and must not allocate.
+        if let Some(n) = display_number(&id) {
             return n;
         }
     }
@@ -40,6 +41,34 @@ pub(crate) fn current_owner_number() -> u64 {
         }
         cell.get()
     })
+}
+
+/// Reads the number `value` displays as, without allocating (`None` if it is not one).
+fn display_number(value: &impl fmt::Display) -> Option<u64> {
+    struct Digits {
+        buf: [u8; 20],
+        len: usize,
+    }
+    impl fmt::Write for Digits {
+        fn write_str(&mut self, s: &str) -> fmt::Result {
+            let end = self.len + s.len();
+            self.buf
+                .get_mut(self.len..end)
+                .ok_or(fmt::Error)?
+                .copy_from_slice(s.as_bytes());
+            self.len = end;
+            Ok(())
+        }
+    }
+    let mut digits = Digits {
+        buf: [0; 20],
+        len: 0,
+    };
+    fmt::write(&mut digits, format_args!("{value}")).ok()?;
+    std::str::from_utf8(&digits.buf[..digits.len])
+        .ok()?
+        .parse()
+        .ok()
 }
 
 /// An explicit lock owner: the hash field `<client uuid>:<number>` stored in Redis.
@@ -128,6 +157,14 @@ mod tests {
             .unwrap();
         assert_ne!(a, b);
         assert!(a < THREAD_OWNER_BASE && b < THREAD_OWNER_BASE);
+    }
+
+    #[test]
+    fn display_numbers_are_read_without_allocating() {
+        assert_eq!(display_number(&0u64), Some(0));
+        assert_eq!(display_number(&u64::MAX), Some(u64::MAX));
+        assert_eq!(display_number(&"12x"), None);
+        assert_eq!(display_number(&"123456789012345678901"), None, "too long");
     }
 
     #[test]

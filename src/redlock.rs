@@ -7,6 +7,7 @@ use std::time::Duration;
 use rand::Rng;
 use tokio::time::Instant;
 
+use crate::kinds::Kind;
 use crate::multilock::{release_all, MultiLockGuard, RedLockGuard};
 use crate::{Error, Lock, LockGuard, Result};
 
@@ -174,8 +175,8 @@ impl RedLock {
         }
         let mut seen = HashSet::new();
         for lock in &self.locks {
-            let shared = lock.shared();
-            if !seen.insert((shared.client.id.as_str(), &*shared.key)) {
+            let named = lock.named();
+            if !seen.insert((&*named.client.id, &*named.key)) {
                 return Err(Error::InvalidArgument(format!(
                     "a Redlock got lock {:?} of one client twice; each node must count once",
                     lock.name()
@@ -195,7 +196,7 @@ impl RedLock {
         lease.unwrap_or_else(|| {
             self.locks
                 .iter()
-                .map(|l| l.shared().client.watchdog.lease())
+                .map(|l| l.named().client.holds.watchdog_lease())
                 .min()
                 .expect("checked non-empty")
         })
@@ -208,7 +209,7 @@ impl RedLock {
     ) -> Result<Option<RedLockGuard>> {
         self.check()?;
         if let Some(lease) = lease {
-            crate::lock::lease_millis(lease)?;
+            crate::kinds::lease_millis(lease)?;
         }
         let lease_len = self.lease(lease);
         let drift = lease_len / 100 + Duration::from_millis(2);

@@ -2,10 +2,17 @@
 
 use std::time::Duration;
 
-use fred::interfaces::ClientLike;
+use fred::interfaces::{ClientLike, ClusterInterface};
 use fred::types::{ClusterHash, CustomCommand, Value};
 
+use crate::conn::{lua_script, LuaScript};
+use crate::kinds::Kind;
 use crate::{Error, Lock, PubSubMode, Result};
+
+lua_script!(STATE, "lock/state.lua");
+
+/// Scripts of this module, loaded at connect.
+pub(crate) const SCRIPTS: &[&LuaScript] = &[&STATE];
 
 /// A lock's owners, remaining lease and waiting subscribers, read at one moment.
 ///
@@ -21,6 +28,8 @@ pub struct LockState {
     pub ttl: Option<Duration>,
     /// How many subscriber connections listen on the lock's channel. A redbaton or Redisson
     /// process with waiters holds one subscription per lock, however many tasks wait in it.
+    /// On a cluster with classic pub/sub a subscriber may sit on any node, so every primary
+    /// is asked and the counts are added up; with sharded pub/sub the channel's shard is.
     pub subscribers: u64,
 }
 
@@ -52,15 +61,14 @@ impl Lock {
     /// # Ok(()) }
     /// ```
     pub async fn state(&self) -> Result<LockState> {
-        self.check()?;
-        let shared = self.shared();
-        let client = &shared.client;
-        let reply = client
-            .scripts
-            .state(&client.redis, &shared.key)
+        let named = self.named();
+        named.check()?;
+        let conn = &named.client.conn;
+        let reply: Vec<Value> = conn
+            .eval(&STATE, &[&named.key], Vec::new())
             .await
-            .map_err(|e| client.error(e, &shared.name))?;
-        let malformed = || Error::Redis(format!("unexpected state reply for {:?}", shared.name));
+            .map_err(|e| named.error(&e))?;
+        let malformed = || Error::Redis(format!("unexpected state reply for {:?}", named.name));
         let pttl = reply
             .first()
             .and_then(Value::as_i64)
@@ -69,8 +77,7 @@ impl Lock {
         let ttl = if pttl == -2 {
             None
         } else {
-            let fields = reply.get(1).cloned().ok_or_else(malformed)?;
-            let Value::Array(fields) = fields else {
+            let Some(Value::Array(fields)) = reply.get(1) else {
                 return Err(malformed());
             };
             for pair in fields.chunks(2) {
@@ -84,27 +91,55 @@ impl Lock {
             owners.sort();
             Some(Duration::from_millis(pttl.max(0) as u64))
         };
-
-        let (command, slot) = match client.config.pubsub {
-            PubSubMode::Classic => ("NUMSUB", ClusterHash::Random),
-            PubSubMode::Sharded => (
-                "SHARDNUMSUB",
-                ClusterHash::Custom(fred::util::redis_keyslot(shared.channel.as_bytes())),
-            ),
-        };
-        let numsub: Vec<Value> = client
-            .redis
-            .custom(
-                CustomCommand::new_static("PUBSUB", slot, false),
-                vec![command, &*shared.channel],
-            )
-            .await
-            .map_err(|e| client.error(e, &shared.name))?;
-        let subscribers = numsub.get(1).and_then(Value::as_i64).unwrap_or(0).max(0) as u64;
+        let subscribers = self.subscribers().await.map_err(|e| named.error(&e))?;
         Ok(LockState {
             owners,
             ttl,
             subscribers,
         })
+    }
+
+    /// Subscriber connections on the lock's channel, across the nodes that can hold them.
+    async fn subscribers(&self) -> std::result::Result<u64, fred::error::Error> {
+        let named = self.named();
+        let redis = named.client.conn.redis();
+        let channel = self.channel();
+        let numsub = |command: &'static str, hash: ClusterHash| async move {
+            let reply: Vec<Value> = redis
+                .custom(
+                    CustomCommand::new_static("PUBSUB", hash, false),
+                    vec![command, channel],
+                )
+                .await?;
+            Ok::<u64, fred::error::Error>(
+                reply.get(1).and_then(Value::as_i64).unwrap_or(0).max(0) as u64
+            )
+        };
+        match named.client.config.pubsub {
+            PubSubMode::Sharded => {
+                let slot = fred::util::redis_keyslot(channel.as_bytes());
+                numsub("SHARDNUMSUB", ClusterHash::Custom(slot)).await
+            }
+            PubSubMode::Classic if redis.is_clustered() => {
+                // A classic subscription lives on whichever node its connection chose.
+                let nodes = redis
+                    .cached_cluster_state()
+                    .map(|state| state.unique_primary_nodes())
+                    .unwrap_or_default();
+                let mut total = 0;
+                for node in nodes {
+                    let reply: Vec<Value> = redis
+                        .with_cluster_node(node)
+                        .custom(
+                            CustomCommand::new_static("PUBSUB", None, false),
+                            vec!["NUMSUB", channel],
+                        )
+                        .await?;
+                    total += reply.get(1).and_then(Value::as_i64).unwrap_or(0).max(0) as u64;
+                }
+                Ok(total)
+            }
+            PubSubMode::Classic => numsub("NUMSUB", ClusterHash::Random).await,
+        }
     }
 }

@@ -223,7 +223,12 @@ async fn zero_and_endless_waits() {
         .await
         .unwrap()
         .is_none());
-    assert!(start.elapsed() < Duration::from_millis(500));
+    // No waiting (the holder's lease is 30 s); generous for a loaded machine.
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        start.elapsed()
+    );
     let after = evalsha(command_calls(&raw).await);
     assert_eq!(
         after.unwrap_or(0) - before.unwrap_or(0),

@@ -12,6 +12,8 @@ use cli_support::{
     bin, process_gone, redbaton, run, run_within, send_signal, wait_for_file, wait_within,
     KillOnDrop, TempDir,
 };
+use redbaton::Client;
+use support::proxy::{Mode, Proxy};
 use support::RedisServer;
 
 const SEC: Duration = Duration::from_secs(1);
@@ -344,6 +346,155 @@ fn redis_gone_past_the_watchdog_lease_is_a_lost_lease() {
     let status =
         wait_within(&mut exec, 15 * SEC).expect("exec ends once its lease cannot be renewed");
     assert_eq!(status.code(), Some(76));
+}
+
+/// Wall-clock nanoseconds since the epoch, as `date +%s%N` prints them.
+fn now_ns() -> i128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as i128
+}
+
+/// A `date +%s%N` line as nanoseconds.
+fn parse_ns(line: &str) -> i128 {
+    line.trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("{e}: {line:?}"))
+}
+
+fn secs(ns: i128) -> f64 {
+    ns as f64 / 1e9
+}
+
+/// A tokio runtime for the in-process proxy and lock client of a test.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn a_stalled_network_stops_cmd_as_soon_as_the_lease_runs_out() {
+    // Redis stalls (no reply, no error) for longer than the watchdog lease. The lease runs out
+    // by redbaton's local clock no later than `lease` after the stall began (no renewal gets
+    // through it); CMD must get SIGTERM promptly then, not after a command timeout (5 s).
+    let server = RedisServer::start();
+    let rt = runtime();
+    let proxy = rt.block_on(Proxy::start(server.port));
+    let dir = TempDir::new("stall");
+    let beats = dir.path("beats");
+    let term = dir.path("term");
+    let lease = 2 * SEC;
+    let mut exec = spawn_exec(
+        &proxy.url(),
+        &["--watchdog-lease", "2s"],
+        "stalled",
+        &format!(
+            "trap 'date +%s%N > {t}; exit 0' TERM; while :; do date +%s%N >> {b}; sleep 0.05; done",
+            t = term.display(),
+            b = beats.display()
+        ),
+    );
+    wait_for_file(&beats, 20 * SEC);
+    let other = rt.block_on(Client::connect(&server.url())).unwrap();
+    let stalled_at = now_ns();
+    proxy.set(Mode::Stalled);
+
+    // Another client, straight to the server, takes the lock as soon as the key expires.
+    let guard = rt.block_on(async {
+        let lock = other.lock("stalled");
+        let start = tokio::time::Instant::now();
+        loop {
+            if let Some(guard) = lock.try_lock().await.unwrap() {
+                return guard;
+            }
+            assert!(
+                start.elapsed() < 20 * SEC,
+                "the stalled holder's key never expired"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    });
+    let acquired_at = now_ns();
+
+    let term_at = parse_ns(&wait_for_file(&term, 20 * SEC));
+    let text = std::fs::read_to_string(&beats).unwrap();
+    let last_beat = parse_ns(text.lines().last().unwrap());
+    let lease_out_by = stalled_at + lease.as_nanos() as i128;
+    let timeline = format!(
+        "from the stall: lock taken by the other client at +{:.2}s, CMD's SIGTERM at +{:.2}s, \
+         its last beat at +{:.2}s (lease {lease:?})",
+        secs(acquired_at - stalled_at),
+        secs(term_at - stalled_at),
+        secs(last_beat - stalled_at)
+    );
+    // Generous for a loaded machine, yet far below the command timeout the old code waited.
+    let slack = 1_500_000_000;
+    assert!(
+        term_at <= lease_out_by + slack,
+        "CMD stopped late: {timeline}"
+    );
+    assert!(
+        last_beat <= acquired_at + slack,
+        "CMD ran on while another client held the lock: {timeline}"
+    );
+    eprintln!("{timeline}");
+
+    proxy.set(Mode::Open);
+    let status = wait_within(&mut exec, 30 * SEC).expect("exec ends after its lease is lost");
+    assert_eq!(status.code(), Some(76));
+    rt.block_on(async {
+        guard.unlock().await.unwrap();
+        other.shutdown().await.unwrap();
+    });
+}
+
+#[test]
+fn a_lease_over_before_cmd_starts_does_not_run_cmd() {
+    // Replies are held 100 ms: a 1 ms lease is over by the local clock (and in Redis) before
+    // redbaton hears that it got the lock.
+    let server = RedisServer::start();
+    let rt = runtime();
+    let proxy = rt.block_on(Proxy::start(server.port));
+    proxy.set(Mode::RepliesDelayed(Duration::from_millis(100)));
+    let url = proxy.url();
+    let dir = TempDir::new("late");
+    let ran = dir.path("ran");
+    let (code, _, err) = run(redbaton(
+        &url,
+        &[
+            "exec",
+            "--lease",
+            "1ms",
+            "late",
+            "--",
+            "sh",
+            "-c",
+            &format!("touch {}", ran.display()),
+        ],
+    ));
+    assert_eq!(code, 76, "{err}");
+    assert!(err.contains("not run"), "{err}");
+    assert!(!ran.exists(), "CMD ran although its lease was over");
+    // Not even an attempt to start it: a CMD that does not exist would give 127.
+    let (code, _, err) = run(redbaton(
+        &url,
+        &[
+            "exec",
+            "--lease",
+            "1ms",
+            "late",
+            "--",
+            "/nonexistent/redbaton-cmd",
+        ],
+    ));
+    assert_eq!(code, 76, "{err}");
+    // The lease is over in Redis too: nothing is left held.
+    let (code, _) = status_json(&server.url(), "late");
+    assert_eq!(code, 1);
 }
 
 #[test]

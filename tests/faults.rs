@@ -154,8 +154,8 @@ async fn holder_killed_with_sigkill_frees_the_lock_within_the_lease() {
     let first = times.iter().min().unwrap().duration_since(killed_at);
     println!("first waiter acquired {first:?} after SIGKILL (lease {lease:?})");
     assert!(
-        first <= lease + Duration::from_secs(1),
-        "a waiter acquires within lease + 1 s, took {first:?}"
+        first <= lease + Duration::from_secs(2),
+        "a waiter acquires within lease + 2 s, took {first:?}"
     );
     assert!(
         !hexists(&raw, name, &owner).await,
@@ -264,16 +264,18 @@ async fn subscriber_killed_while_fifty_wait_then_wake_ups_are_prompt_again() {
          worst gap once resubscribed {worst_after:?} over {} hand-offs, lease {lease:?}",
         after_second_kill.len()
     );
+    // A lost wake-up costs a waiter the PTTL it parked with (up to the 5 s lease); bounds
+    // are generous for a loaded machine yet below that.
     assert!(
-        first < Duration::from_secs(1),
+        first < Duration::from_secs(2),
         "wake-up after the reconnect took {first:?}"
     );
     assert!(
-        *worst < Duration::from_secs(2),
+        *worst < Duration::from_millis(2500),
         "no hand-off waits for the lease ({lease:?}), worst {worst:?}"
     );
     assert!(
-        worst_after < Duration::from_millis(500),
+        worst_after < Duration::from_secs(1),
         "hand-offs are prompt again after the reconnect, worst {worst_after:?}"
     );
     assert!(
@@ -377,18 +379,20 @@ async fn redis_restart_loses_the_hold_and_waiters_acquire_without_manual_reconne
 }
 
 /// Asserts that `lost_at` is within one renewal period of `fault_at + lease` (the last
-/// successful renewal was sent within one period before the fault).
+/// successful renewal was sent within one period before the fault). The slack is larger on
+/// the late side: a loaded machine runs timers and the test task late, never early.
 fn assert_lost_in_window(fault_at: Instant, lost_at: Instant, lease: Duration) {
     let period = lease / 3;
-    let slack = Duration::from_millis(400);
+    let early_slack = Duration::from_millis(400);
+    let late_slack = Duration::from_secs(1);
     let after = lost_at.duration_since(fault_at);
     println!("lost() fired {after:?} after the fault (lease {lease:?}, period {period:?})");
     assert!(
-        after + period + slack >= lease,
+        after + period + early_slack >= lease,
         "lost() fired early: {after:?} after the fault"
     );
     assert!(
-        after <= lease + period + slack,
+        after <= lease + period + late_slack,
         "lost() fired {after:?} after the fault; the lease ({lease:?}) was gone by then"
     );
 }
@@ -418,11 +422,12 @@ async fn redis_stalled_past_the_lease_fires_lost_and_times_out_in_flight_calls()
     let paused_at = Instant::now();
 
     // Operations in flight return a timeout error instead of hanging.
+    // (Bounded well below the 2.5 s stall, generously above the 300 ms timeout.)
     let started = Instant::now();
     let err = lock.is_locked().await.unwrap_err();
     assert_eq!(err, Error::Timeout(timeout), "{err}");
     assert!(
-        started.elapsed() < Duration::from_secs(1),
+        started.elapsed() < Duration::from_secs(2),
         "{:?}",
         started.elapsed()
     );
@@ -433,7 +438,7 @@ async fn redis_stalled_past_the_lease_fires_lost_and_times_out_in_flight_calls()
         .unwrap();
     assert_eq!(result, Err(Error::Timeout(timeout)));
     assert!(
-        started.elapsed() < Duration::from_secs(1),
+        started.elapsed() < Duration::from_secs(2),
         "{:?}",
         started.elapsed()
     );
@@ -458,7 +463,11 @@ async fn redis_stalled_past_the_lease_fires_lost_and_times_out_in_flight_calls()
         "free for others {:?} after the stall ended",
         start.elapsed()
     );
-    assert!(start.elapsed() <= lease + Duration::from_millis(700));
+    assert!(
+        start.elapsed() <= lease + Duration::from_millis(1500),
+        "{:?}",
+        start.elapsed()
+    );
     assert_eq!(
         guard.unlock().await,
         Err(Error::NotHeld {
@@ -491,14 +500,22 @@ async fn network_stall_fires_lost_and_frees_the_lock_after_the_lease() {
     let stalled_at = Instant::now();
     let started = Instant::now();
     assert_eq!(lock.is_locked().await, Err(Error::Timeout(timeout)));
-    assert!(started.elapsed() < Duration::from_secs(1));
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
 
-    // Another client, not behind the proxy, waits and gets the lock once the lease ran out.
+    // Another client, not behind the proxy, waits and gets the lock once the lease ran out;
+    // at that moment the holder's guard already says lost (its clock is read then, so the
+    // verdict does not depend on when either task is scheduled).
+    let guard = Arc::new(guard);
     let waiter = {
         let lock = other.lock(name);
+        let holder_guard = guard.clone();
         tokio::spawn(async move {
             let guard = lock.lock().await.unwrap();
-            (Instant::now(), guard)
+            (Instant::now(), holder_guard.is_lost(), guard)
         })
     };
     tokio::time::timeout(lease * 2, guard.lost())
@@ -506,21 +523,33 @@ async fn network_stall_fires_lost_and_frees_the_lock_after_the_lease() {
         .expect("lost() fires during the stall");
     let lost_at = Instant::now();
     assert_lost_in_window(stalled_at, lost_at, lease);
-    let (acquired_at, taken) = tokio::time::timeout(Duration::from_secs(5), waiter)
+    let (acquired_at, holder_lost, taken) = tokio::time::timeout(Duration::from_secs(5), waiter)
         .await
         .expect("the lock is free for others after the lease")
         .unwrap();
     let after = acquired_at.duration_since(stalled_at);
-    println!("other client acquired {after:?} after the stall began");
-    assert!(after <= lease + Duration::from_millis(700), "{after:?}");
+    println!(
+        "other client acquired {after:?} after the stall began; lost() was seen {:?} after it",
+        lost_at.duration_since(stalled_at)
+    );
+    assert!(after <= lease + Duration::from_millis(1500), "{after:?}");
     assert!(
-        acquired_at + Duration::from_millis(100) >= lost_at,
+        holder_lost,
         "the holder was told before (or as) the other client took over"
     );
     assert!(!hexists(&raw, name, &owner).await);
 
     // The network comes back: the stalled renewals reach Redis late and change nothing.
     proxy.set(Mode::Open);
+    // Once the holder's client answers again, what it sent before on that connection has
+    // reached Redis (a loaded machine may take a while; its 300 ms command timeout is short).
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            lock.is_locked().await.is_ok()
+        })
+        .await,
+        "the holder's client answers again"
+    );
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(
         !hexists(&raw, name, &owner).await,
@@ -560,7 +589,7 @@ async fn network_cut_fires_lost_errors_promptly_and_recovers() {
         "a cut connection is a connection or timeout error: {err:?}"
     );
     assert!(
-        started.elapsed() < Duration::from_secs(1),
+        started.elapsed() < Duration::from_secs(2),
         "{:?}",
         started.elapsed()
     );
@@ -577,13 +606,28 @@ async fn network_cut_fires_lost_errors_promptly_and_recovers() {
         .unwrap()
         .expect("free for others after the lease");
     assert!(
-        cut_at.elapsed() <= lease + Duration::from_millis(700),
-        "{:?}",
+        cut_at.elapsed() <= lease + Duration::from_millis(1500),
+        "{:?} after the cut, {:?} after trying",
+        cut_at.elapsed(),
         start.elapsed()
     );
 
     proxy.set(Mode::Open);
     let reconnect = Instant::now();
+    // The holder's client reconnects by itself. Until it has, a call waits for the connection
+    // and may use up its 300 ms command timeout (a loaded machine takes that long), and a
+    // timed-out first attempt ends try_lock_for with an error: wait for it first.
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            lock.is_locked().await.is_ok()
+        })
+        .await,
+        "the holder's client reconnects by itself"
+    );
+    println!(
+        "holder's client answered again {:?} after the network came back",
+        reconnect.elapsed()
+    );
     let waiting = {
         let lock = lock.clone();
         tokio::spawn(async move { lock.try_lock_for(Duration::from_secs(10)).await })
@@ -748,14 +792,19 @@ async fn dropped_guard_is_released_and_never_renewed_afterwards() {
     let owner = guard.owner().to_string();
     let dropped_at = Instant::now();
     drop(guard);
+    // Released, not expired: gone well before the 3 s lease.
     assert!(
-        eventually(Duration::from_secs(2), || async {
+        eventually(lease * 2 / 3, || async {
             raw.exists::<i64, _>(name).await.unwrap() == 0
         })
         .await,
         "released in the background"
     );
-    assert!(dropped_at.elapsed() < lease / 2, "released, not expired");
+    assert!(
+        dropped_at.elapsed() < lease * 5 / 6,
+        "released, not expired: {:?}",
+        dropped_at.elapsed()
+    );
 
     assert_never_renewed(&raw, name, &owner, lease).await;
     client.shutdown().await.unwrap();
@@ -836,9 +885,12 @@ async fn shutdown_while_holding_releases_and_never_renews() {
         .expect("the guard reports the loss");
     assert!(inner.is_lost() && fixed.is_lost());
     let woke = waiter.await.unwrap();
+    // Woken by the release's message: before the PTTL (at least 2 s of the 3 s lease, which
+    // is renewed every second) would have let it in.
     assert!(
-        woke.duration_since(shut_at) < Duration::from_secs(1),
-        "the waiter is woken"
+        woke.duration_since(shut_at) < Duration::from_millis(1500),
+        "the waiter is woken: {:?}",
+        woke.duration_since(shut_at)
     );
     assert_eq!(inner.unlock().await, Err(Error::ShutDown));
     assert_eq!(outer.unlock().await, Err(Error::ShutDown));
@@ -920,12 +972,14 @@ async fn waiter_fallback_timer_follows_the_monotonic_clock() {
         })
         .await
     );
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let before = command_calls(&raw)
-        .await
-        .get("evalsha")
-        .copied()
-        .unwrap_or(0);
+    // Its re-check after subscribing has reached the server (nothing changes for 300 ms).
+    let before = support::settled_calls(
+        &raw,
+        "evalsha",
+        Duration::from_millis(300),
+        Duration::from_secs(10),
+    )
+    .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let idle = command_calls(&raw)
         .await

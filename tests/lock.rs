@@ -24,6 +24,12 @@ async fn short_lease_client(server: &RedisServer, lease: Duration) -> Client {
         .unwrap()
 }
 
+/// A client whose watchdog renews only every 100 s, so that renewal scripts stay out of
+/// EVALSHA counts taken over a few seconds.
+async fn rarely_renewing_client(server: &RedisServer) -> Client {
+    short_lease_client(server, Duration::from_secs(300)).await
+}
+
 #[tokio::test]
 async fn reentry_counts_up_and_down_and_the_key_goes() {
     let server = RedisServer::start();
@@ -127,11 +133,11 @@ async fn redisson_written_lock_excludes_and_wakes_us() {
         .publish("redisson_lock__channel:{shared}", "0")
         .await
         .unwrap();
-    let waited = tokio::time::timeout(Duration::from_secs(5), waiter)
+    let waited = tokio::time::timeout(Duration::from_secs(10), waiter)
         .await
         .expect("woken by the message, not the 30 s lease")
         .unwrap();
-    assert!(waited < Duration::from_secs(5));
+    assert!(waited < Duration::from_secs(10), "{waited:?}");
     client.shutdown().await.unwrap();
 }
 
@@ -208,21 +214,29 @@ async fn waiters_are_woken_by_unlock_without_polling() {
         .try_init();
     let server = RedisServer::start();
     let raw = server.raw().await;
-    let holder = client(&server).await;
-    let waiter_client = client(&server).await;
+    let holder = rarely_renewing_client(&server).await;
+    let waiter_client = rarely_renewing_client(&server).await;
     let guard = holder.lock("wake").lock().await.unwrap();
     let before = command_calls(&raw).await;
     let waiter = support::spawn_waiter(waiter_client.lock("wake"));
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            numsub(&raw, "redisson_lock__channel:{wake}").await == 1
+        })
+        .await,
+        "the waiter subscribes"
+    );
     // Parked for 1.5 s against a 30 s lease: a poller would show many attempts.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let released_at = Instant::now();
     guard.unlock().await.unwrap();
-    let acquired_at = tokio::time::timeout(Duration::from_secs(5), waiter)
+    let acquired_at = tokio::time::timeout(Duration::from_secs(10), waiter)
         .await
         .unwrap()
         .unwrap();
     let handoff = acquired_at.into_std().duration_since(released_at);
-    assert!(handoff < Duration::from_secs(1), "wake-up took {handoff:?}");
+    // Woken by the message: far sooner than the 30 s lease, generously bounded.
+    assert!(handoff < Duration::from_secs(5), "wake-up took {handoff:?}");
     let after = command_calls(&raw).await;
     let delta = |c: &str| after.get(c).copied().unwrap_or(0) - before.get(c).copied().unwrap_or(0);
     // waiter: attempt, subscribe + ping, re-check, attempt after wake, unlock;
@@ -247,8 +261,10 @@ async fn try_lock_for_times_out_near_its_deadline() {
         .unwrap();
     let took = start.elapsed();
     assert!(got.is_none());
+    // Not before the deadline; after it, only as late as a loaded machine makes it (the
+    // holder's 30 s lease is not waited out).
     assert!(
-        took >= Duration::from_millis(700) && took < Duration::from_millis(2000),
+        took >= Duration::from_millis(700) && took < Duration::from_secs(4),
         "took {took:?}"
     );
     // Zero wait is one attempt; Duration::MAX does not overflow.
@@ -263,7 +279,7 @@ async fn try_lock_for_times_out_near_its_deadline() {
         tokio::spawn(async move { lock.try_lock_for(Duration::MAX).await.map(|g| g.is_some()) });
     tokio::time::sleep(Duration::from_millis(200)).await;
     drop(_held);
-    assert!(tokio::time::timeout(Duration::from_secs(5), forever)
+    assert!(tokio::time::timeout(Duration::from_secs(10), forever)
         .await
         .unwrap()
         .unwrap()
@@ -292,10 +308,11 @@ async fn fixed_lease_expires_and_frees_the_lock() {
         .unwrap()
         .expect("free after the lease");
     let took = start.elapsed();
-    assert!(took < Duration::from_millis(1500), "took {took:?}");
+    // About the 500 ms lease (the waiter's timer follows the PTTL); generously bounded.
+    assert!(took < Duration::from_secs(4), "took {took:?}");
     // The old guard is lost by its own clock and must not release b's hold.
     assert!(guard.is_lost());
-    tokio::time::timeout(Duration::from_secs(1), guard.lost())
+    tokio::time::timeout(Duration::from_secs(5), guard.lost())
         .await
         .unwrap();
     assert!(matches!(guard.unlock().await, Err(Error::NotHeld { .. })));
@@ -327,32 +344,33 @@ async fn stopped_renewal_lets_the_lease_expire() {
     })
     .join()
     .unwrap();
-    let start = Instant::now();
     let exists: i64 = raw.exists("expire").await.unwrap();
     assert_eq!(exists, 1);
+    // Gone after about its 600 ms lease: generously bounded, far below the 30 s default.
     assert!(
-        eventually(Duration::from_secs(3), || async {
+        eventually(Duration::from_secs(5), || async {
             let n: i64 = raw.exists("expire").await.unwrap();
             n == 0
         })
-        .await
+        .await,
+        "the lease of a dead holder expires"
     );
-    assert!(start.elapsed() < Duration::from_millis(1500));
 }
 
 #[tokio::test]
 async fn watchdog_keeps_the_lock_past_several_leases() {
     let server = RedisServer::start();
     let raw = server.raw().await;
-    let lease = Duration::from_millis(500);
+    // Renewed every 333 ms: a loaded machine may delay a round, not a whole lease.
+    let lease = Duration::from_secs(1);
     let a = short_lease_client(&server, lease).await;
     let b = client(&server).await;
     let guard = a.lock("renewed").lock().await.unwrap();
-    tokio::time::sleep(lease * 4).await;
+    tokio::time::sleep(lease * 3).await;
     assert!(!guard.is_lost());
     assert!(b.lock("renewed").try_lock().await.unwrap().is_none());
     let pttl: i64 = raw.pttl("renewed").await.unwrap();
-    assert!(pttl > 0 && pttl <= 500, "pttl {pttl}");
+    assert!(pttl > 0 && pttl <= 1000, "pttl {pttl}");
     guard.unlock().await.unwrap();
     // After release nothing renews it back into existence.
     tokio::time::sleep(lease).await;
@@ -375,8 +393,9 @@ async fn lost_fires_after_force_unlock_by_another_client() {
         !b.lock("forced").force_unlock().await.unwrap(),
         "already free"
     );
-    // Told within one renewal period (lease / 3), allow slack.
-    tokio::time::timeout(lease, guard.lost())
+    // Told at the next renewal (every lease / 3 = 200 ms); generously bounded, since a
+    // guard that is never told would wait for ever.
+    tokio::time::timeout(Duration::from_secs(5), guard.lost())
         .await
         .expect("lost() resolves after force_unlock");
     assert!(guard.is_lost());
@@ -554,12 +573,12 @@ async fn a_woken_waiter_that_gives_up_passes_the_wake_up_on() {
     let released = Instant::now();
     guard.unlock().await.unwrap();
     let _ = quitter.await.unwrap();
-    let acquired = tokio::time::timeout(Duration::from_secs(10), stayer)
+    let acquired = tokio::time::timeout(Duration::from_secs(20), stayer)
         .await
         .unwrap()
         .unwrap();
     assert!(
-        acquired.duration_since(released) < Duration::from_secs(2),
+        acquired.duration_since(released) < Duration::from_secs(5),
         "the wake-up was lost: waited {:?} (the lease is 30 s)",
         acquired.duration_since(released)
     );
@@ -703,6 +722,11 @@ async fn a_script_whose_reply_was_lost_is_never_sent_twice() {
         .await
         .unwrap();
     let lock = client.lock("resent");
+    let evalsha_before = command_calls(&raw)
+        .await
+        .get("evalsha")
+        .copied()
+        .unwrap_or(0);
     proxy.set(Mode::RepliesLost);
     let attempt = {
         let lock = lock.clone();
@@ -710,7 +734,7 @@ async fn a_script_whose_reply_was_lost_is_never_sent_twice() {
     };
     // The script has run on the server once its hold is visible; then cut the connection.
     assert!(
-        eventually(Duration::from_secs(2), || async {
+        eventually(Duration::from_secs(5), || async {
             let n: i64 = raw.exists("resent").await.unwrap();
             n == 1
         })
@@ -726,20 +750,26 @@ async fn a_script_whose_reply_was_lost_is_never_sent_twice() {
         matches!(outcome, Err(Error::Connection(_)) | Err(Error::Timeout(_))),
         "{outcome:?}"
     );
-    // Let the client reconnect (a re-send would happen now) and settle.
+    // Nobody knows whether the script ran: the client settles the owner's count back to
+    // what it accounts for (nothing), so the hold it may have taken does not linger.
     assert!(
         eventually(Duration::from_secs(5), || async {
-            lock.is_locked().await.is_ok()
+            let n: i64 = raw.exists("resent").await.unwrap();
+            n == 0
         })
-        .await
+        .await,
+        "a hold of unknown outcome was settled"
     );
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let fields: HashMap<String, i64> = raw.hgetall("resent").await.unwrap();
-    assert_eq!(fields.len(), 1);
+    let evalsha = command_calls(&raw)
+        .await
+        .get("evalsha")
+        .copied()
+        .unwrap_or(0)
+        - evalsha_before;
     assert_eq!(
-        fields.values().copied().collect::<Vec<_>>(),
-        vec![1],
-        "the lock script ran more than once"
+        evalsha, 2,
+        "the lock script ran once and the settle once; more means a script was sent twice"
     );
     client.shutdown().await.unwrap();
 }
@@ -750,9 +780,11 @@ async fn an_unlock_wakes_one_waiter_per_process_not_all() {
     // takes the lock — the other nine stay parked and send nothing.
     let server = RedisServer::start();
     let raw = server.raw().await;
-    let holder = client(&server).await;
-    let waiters = client(&server).await;
+    let holder = rarely_renewing_client(&server).await;
+    let waiters = rarely_renewing_client(&server).await;
     let guard = holder.lock("wake-one").lock().await.unwrap();
+    let evalsha = |calls: HashMap<String, u64>| calls.get("evalsha").copied().unwrap_or(0);
+    let base = evalsha(command_calls(&raw).await);
     let (acquired_tx, mut acquired_rx) = tokio::sync::mpsc::unbounded_channel();
     let mut tasks = Vec::new();
     for _ in 0..10 {
@@ -766,19 +798,26 @@ async fn an_unlock_wakes_one_waiter_per_process_not_all() {
             drop(guard);
         }));
     }
-    // Every waiter has made its attempts and parked.
-    tokio::time::sleep(Duration::from_millis(800)).await;
-    let before = command_calls(&raw).await;
+    // Every waiter has made its attempts and parked: each has tried at least once, and
+    // nothing more reaches the server.
+    assert!(
+        eventually(Duration::from_secs(15), || async {
+            evalsha(command_calls(&raw).await) >= base + 10
+        })
+        .await,
+        "every waiter made its first attempt"
+    );
+    let quiet = Duration::from_millis(500);
+    let bound = Duration::from_secs(15);
+    let before = support::settled_calls(&raw, "evalsha", quiet, bound).await;
     guard.unlock().await.unwrap();
-    tokio::time::timeout(Duration::from_secs(5), acquired_rx.recv())
+    tokio::time::timeout(Duration::from_secs(10), acquired_rx.recv())
         .await
         .expect("one waiter is woken")
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let after = command_calls(&raw).await;
-    let evalsha = after["evalsha"] - before.get("evalsha").copied().unwrap_or(0);
+    let after = support::settled_calls(&raw, "evalsha", quiet, bound).await;
     // The holder's unlock and the woken waiter's winning attempt; a wake-all would add nine.
-    assert_eq!(evalsha, 2, "evalsha calls after one release");
+    assert_eq!(after - before, 2, "evalsha calls after one release");
     assert!(acquired_rx.try_recv().is_err(), "only one waiter holds it");
     for t in &tasks {
         t.abort();
@@ -799,6 +838,43 @@ fn monitor_line(line: &str) -> Option<(String, Vec<String>)> {
     // Commands are shown as sent: fred sends them in upper case, scripts in lower case.
     words[0] = words[0].to_ascii_lowercase();
     Some((addr, words))
+}
+
+fn parsed_lines(lines: &[String]) -> Vec<(String, Vec<String>)> {
+    lines.iter().filter_map(|l| monitor_line(l)).collect()
+}
+
+/// Positions in `parsed` of acquire attempts on `key`: EVALSHAs of the lock script (one key;
+/// the unlock script has two) sent by a client, not from inside a script.
+fn lock_attempts(parsed: &[(String, Vec<String>)], key: &str) -> Vec<usize> {
+    parsed
+        .iter()
+        .enumerate()
+        .filter(|(_, (addr, w))| {
+            addr != "lua"
+                && w[0] == "evalsha"
+                && w.get(2).map(String::as_str) == Some("1")
+                && w.get(3).map(String::as_str) == Some(key)
+        })
+        .map(|(i, _)| i)
+        .collect()
+}
+
+/// Reads MONITOR output into `lines` until it shows `n` acquire attempts on `key`, or 10 s
+/// passed (the caller's assertions then say what is missing).
+async fn monitor_until(
+    lines: &mut Vec<String>,
+    rx: &std::sync::mpsc::Receiver<String>,
+    key: &str,
+    n: usize,
+) {
+    let started = Instant::now();
+    while lock_attempts(&parsed_lines(lines), key).len() < n
+        && started.elapsed() < Duration::from_secs(10)
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        lines.extend(rx.try_iter());
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -847,31 +923,24 @@ async fn a_waiter_rechecks_only_after_its_subscription_is_confirmed() {
         })
         .await
     );
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Release only once the waiter has made its re-check (the attempt before parking): a
+    // release before it would let the re-check win, and nothing would be left to wake. On a
+    // loaded machine that can take a while after the subscription.
+    monitor_until(&mut lines, &lines_rx, "ordered", 2).await;
     guard.unlock().await.unwrap();
-    tokio::time::timeout(Duration::from_secs(5), waiter)
+    tokio::time::timeout(Duration::from_secs(10), waiter)
         .await
         .unwrap()
         .unwrap();
+    // Its winning attempt reaches MONITOR's output.
+    monitor_until(&mut lines, &lines_rx, "ordered", 3).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     let _ = monitor.kill();
     let _ = monitor.wait();
     lines.extend(lines_rx.try_iter());
 
-    let parsed: Vec<(String, Vec<String>)> = lines.iter().filter_map(|l| monitor_line(l)).collect();
-    // The holder held before MONITOR started, so every acquire attempt seen is the waiter's;
-    // they are the EVALSHAs of the lock script on this key (the unlock script has 2 keys).
-    let attempts: Vec<usize> = parsed
-        .iter()
-        .enumerate()
-        .filter(|(_, (addr, w))| {
-            addr != "lua"
-                && w[0] == "evalsha"
-                && w.get(2).map(String::as_str) == Some("1")
-                && w.get(3).map(String::as_str) == Some("ordered")
-        })
-        .map(|(i, _)| i)
-        .collect();
+    let parsed = parsed_lines(&lines);
+    let attempts = lock_attempts(&parsed, "ordered");
     let subscribe = parsed
         .iter()
         .position(|(_, w)| w[0] == "subscribe" && w[1] == "redisson_lock__channel:{ordered}")
@@ -895,4 +964,62 @@ async fn a_waiter_rechecks_only_after_its_subscription_is_confirmed() {
     );
     holder.shutdown().await.unwrap();
     waiters.shutdown().await.unwrap();
+}
+
+/// Guards released (dropped, or unlocked) while their client shuts down: whichever wins, every
+/// lock ends released — never left to its lease — and `shutdown()` succeeds.
+///
+/// On the code this was written against, a release first takes its hold out of the watchdog's
+/// registry and then checks whether the client is closed; `shutdown()` first marks the client
+/// closed and then drains the registry. A release whose two steps straddle shutdown's two
+/// steps sends nothing (closed), and shutdown does not see its hold (already taken out): the
+/// lock stays held until its lease ends. The window is narrow but widens when the shutting-down
+/// thread is preempted between its steps, so this test releases 100 holds per client while
+/// the client shuts down, for 50 clients: it fails with high probability, not certainty, while
+/// the race exists (on a loaded 2-core machine: leaks in 2 of 30 clients).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_racing_releases_leaves_nothing_held() {
+    const CLIENTS: usize = 50;
+    const HOLDS: usize = 100;
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let mut leaked = Vec::new();
+    for round in 0..CLIENTS {
+        let client = client(&server).await;
+        let names: Vec<String> = (0..HOLDS).map(|i| format!("race:{round}:{i}")).collect();
+        let mut guards = Vec::new();
+        for name in &names {
+            guards.push(client.lock(name).lock().await.unwrap());
+        }
+        // The releases start on the other worker thread while this one shuts down.
+        for (i, guard) in guards.into_iter().enumerate() {
+            if i % 2 == 0 {
+                drop(guard); // released in a background task
+            } else {
+                // Ok, or ShutDown when the shutdown came first: either is fine here.
+                tokio::spawn(async move { drop(guard.unlock().await) });
+            }
+        }
+        for _ in 0..(round * 7) % 64 {
+            std::hint::spin_loop();
+        }
+        client.shutdown().await.unwrap();
+        for name in names {
+            // A release still in flight lands within moments; a leaked hold stays for its
+            // 30 s lease.
+            let released = eventually(Duration::from_secs(5), || async {
+                raw.exists::<i64, _>(&name).await.unwrap() == 0
+            })
+            .await;
+            if !released {
+                leaked.push(name);
+            }
+        }
+    }
+    assert!(
+        leaked.is_empty(),
+        "{} of {} locks were left held after shutdown: {leaked:?}",
+        leaked.len(),
+        CLIENTS * HOLDS
+    );
 }

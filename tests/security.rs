@@ -222,8 +222,6 @@ const LOCK_USER_ACL: &[&str] = &[
     "+pexpire",
     "+del",
     "+publish",
-    "+hdel",
-    "+hlen",
     "+type",
 ];
 
@@ -240,7 +238,8 @@ async fn lock_user(server: &RedisServer, lease: Duration) -> redbaton::Result<Cl
 /// Everything a lock user does: lock, re-enter, inspect, wait and be woken, renew, unlock,
 /// force-unlock, shut down while holding. The first error, if any.
 async fn lock_user_workload(server: &RedisServer) -> redbaton::Result<()> {
-    let lease = Duration::from_millis(600);
+    // Renewed every 333 ms: a loaded machine may delay a round, not a whole lease.
+    let lease = Duration::from_secs(1);
     let a = lock_user(server, lease).await?;
     let b = lock_user(server, lease).await?;
     let lock = a.lock("job");
@@ -260,8 +259,16 @@ async fn lock_user_workload(server: &RedisServer) -> redbaton::Result<()> {
     if b.lock("job").try_lock().await?.is_some() {
         panic!("exclusion failed");
     }
+    inner.unlock().await?;
+    outer.unlock().await?;
+    // Waiting, and being woken by the unlock message: the holder's fixed 30 s lease would
+    // keep the waiter parked far longer than the bound.
+    let long = a
+        .lock("wake")
+        .lock_with_lease(Duration::from_secs(30))
+        .await?;
     let waiter = {
-        let lock = b.lock("job");
+        let lock = b.lock("wake");
         tokio::spawn(async move {
             let guard = lock.lock().await?;
             let at = Instant::now();
@@ -270,20 +277,19 @@ async fn lock_user_workload(server: &RedisServer) -> redbaton::Result<()> {
         })
     };
     tokio::time::sleep(Duration::from_millis(200)).await;
-    inner.unlock().await?;
     let released = Instant::now();
-    outer.unlock().await?;
-    let woke = tokio::time::timeout(Duration::from_secs(5), waiter)
+    long.unlock().await?;
+    let woke = tokio::time::timeout(Duration::from_secs(10), waiter)
         .await
         .map_err(|_| Error::Auth("the waiter was never woken".into()))?
         .unwrap()?;
-    if woke.duration_since(released) > lease / 2 {
+    if woke.duration_since(released) > Duration::from_secs(5) {
         return Err(Error::Auth("woken by the lease, not by a message".into()));
     }
     // The waiter's subscription is gone from the server, not just from the client.
     let raw = server.raw().await;
-    let channel = "redisson_lock__channel:{locks:job}";
-    if !support::eventually(Duration::from_secs(2), || async {
+    let channel = "redisson_lock__channel:{locks:wake}";
+    if !support::eventually(Duration::from_secs(5), || async {
         support::numsub(&raw, channel).await == 0
     })
     .await
@@ -294,7 +300,7 @@ async fn lock_user_workload(server: &RedisServer) -> redbaton::Result<()> {
     if !a.lock("job").force_unlock().await? {
         panic!("force_unlock found nothing");
     }
-    tokio::time::timeout(Duration::from_secs(2), held.lost())
+    tokio::time::timeout(Duration::from_secs(5), held.lost())
         .await
         .map_err(|_| Error::Auth("lost() did not fire".into()))?;
     drop(held);

@@ -1,7 +1,7 @@
 //! A real Redis Cluster of `redis-server --cluster-enabled yes` processes on loopback ports,
 //! joined with `redis-cli --cluster create`.
 
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::RedisServer;
@@ -37,6 +37,21 @@ pub struct RedisCluster {
 impl RedisCluster {
     /// Starts and joins the cluster and waits until every node reports `cluster_state:ok`.
     pub fn start(primaries: usize, replicas: usize) -> Self {
+        // `redis-cli --cluster create` sends each CLUSTER MEET once and then waits, without a
+        // bound, for the nodes to agree; on a loaded machine a handshake can time out (after
+        // the 1 s node timeout) and the nodes never meet. So its run is bounded, and a
+        // cluster that did not form is replaced by a fresh one.
+        for attempt in 1..=3 {
+            if let Some(cluster) = Self::try_start(primaries, replicas) {
+                cluster.wait_healthy(primaries, replicas, Duration::from_secs(30));
+                return cluster;
+            }
+            eprintln!("cluster create attempt {attempt} did not form a cluster; retrying");
+        }
+        panic!("could not form a cluster in 3 attempts");
+    }
+
+    fn try_start(primaries: usize, replicas: usize) -> Option<Self> {
         let total = primaries * (1 + replicas);
         let nodes: Vec<RedisServer> = (0..total)
             .map(|_| {
@@ -57,21 +72,35 @@ impl RedisCluster {
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port))
             .collect();
-        let out = Command::new("redis-cli")
+        let mut create = Command::new("redis-cli")
             .arg("--cluster")
             .arg("create")
             .args(&addrs)
             .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
-            .output()
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
             .expect("run redis-cli --cluster create");
-        assert!(
-            out.status.success(),
-            "cluster create failed: {}",
-            String::from_utf8_lossy(&out.stdout)
-        );
-        let cluster = RedisCluster { nodes };
-        cluster.wait_healthy(primaries, replicas, Duration::from_secs(30));
-        cluster
+        let started = Instant::now();
+        let status = loop {
+            if let Some(status) = create.try_wait().expect("wait for redis-cli") {
+                break Some(status);
+            }
+            if started.elapsed() > Duration::from_secs(30) {
+                let _ = create.kill();
+                let _ = create.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        match status {
+            Some(status) => {
+                assert!(status.success(), "cluster create failed: {status}");
+                Some(RedisCluster { nodes })
+            }
+            // The nodes are killed on drop.
+            None => None,
+        }
     }
 
     /// `redis-cluster://127.0.0.1:p1?node=127.0.0.1:p2&...` over the running nodes.
@@ -230,4 +259,209 @@ fn parse_node_line(line: &str) -> Option<NodeInfo> {
         failed: flags.contains("fail") && !flags.contains("fail?") || flags.contains("noaddr"),
         slots,
     })
+}
+
+/// What a [`NodeProxy`] does with the traffic it carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProxyMode {
+    /// Forwards bytes both ways.
+    Open,
+    /// Forwards requests but throws the node's replies away: a command runs, and its caller
+    /// never hears back.
+    DropReplies,
+    /// Forwards nothing from clients (their requests wait in the socket); replies still flow.
+    HoldRequests,
+}
+
+/// A loopback proxy in front of one cluster node, which the node announces as its address
+/// (`cluster-announce-port`), so every cluster-aware client connects through it. It can drop
+/// replies, hold requests, and reset (RST) the connections it carries.
+pub struct NodeProxy {
+    /// The port clients connect to (announced by the node).
+    pub port: u16,
+    /// The node's own port.
+    pub node_port: u16,
+    mode: std::sync::Arc<tokio::sync::watch::Sender<ProxyMode>>,
+    resets: std::sync::Arc<tokio::sync::watch::Sender<u64>>,
+    /// Connections accepted and carried so far.
+    carried: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// Connections that have ended so far.
+    ended: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    accept_task: tokio::task::JoinHandle<()>,
+}
+
+impl NodeProxy {
+    /// Starts a proxy to the node on `node_port`.
+    pub async fn start(node_port: u16) -> NodeProxy {
+        use std::sync::Arc;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let mode = Arc::new(tokio::sync::watch::channel(ProxyMode::Open).0);
+        let resets = Arc::new(tokio::sync::watch::channel(0u64).0);
+        let carried = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let ended = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (accept_mode, accept_resets) = (mode.clone(), resets.clone());
+        let (accept_carried, accept_ended) = (carried.clone(), ended.clone());
+        let accept_task = tokio::spawn(async move {
+            loop {
+                let Ok((client, _)) = listener.accept().await else {
+                    return;
+                };
+                let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", node_port)).await
+                else {
+                    continue;
+                };
+                let _ = client.set_nodelay(true);
+                let _ = server.set_nodelay(true);
+                // Subscribed before it is counted: a reset that counts it also reaches it.
+                let (mode, resets, ended) = (
+                    accept_mode.subscribe(),
+                    accept_resets.subscribe(),
+                    accept_ended.clone(),
+                );
+                accept_carried.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+                tokio::spawn(async move {
+                    carry(client, server, mode, resets).await;
+                    ended.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+                });
+            }
+        });
+        NodeProxy {
+            port,
+            node_port,
+            mode,
+            resets,
+            carried,
+            ended,
+            accept_task,
+        }
+    }
+
+    /// Changes what the proxy does, for current and new connections.
+    pub fn set(&self, mode: ProxyMode) {
+        self.mode.send_replace(mode);
+    }
+
+    /// How many connections the proxy has accepted so far.
+    pub fn connections(&self) -> usize {
+        self.carried.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Resets every connection the proxy carries now, and waits until they are closed: the
+    /// client side gets a TCP RST (as from a crashed peer or a middlebox), the node side an
+    /// ordinary close. New connections are carried as before.
+    pub async fn reset(&self) {
+        use std::sync::atomic::Ordering;
+        let carried = self.carried.load(Ordering::Acquire);
+        self.resets.send_modify(|n| *n += 1);
+        let start = Instant::now();
+        while self.ended.load(Ordering::Acquire) < carried {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "the proxy's connections did not close"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+impl Drop for NodeProxy {
+    fn drop(&mut self) {
+        self.accept_task.abort();
+        self.resets.send_modify(|n| *n += 1);
+    }
+}
+
+/// Carries one connection until either side closes or the proxy resets it.
+async fn carry(
+    mut client: tokio::net::TcpStream,
+    mut server: tokio::net::TcpStream,
+    mut mode: tokio::sync::watch::Receiver<ProxyMode>,
+    mut resets: tokio::sync::watch::Receiver<u64>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // `resets` is not marked seen here: it was subscribed before the connection was counted,
+    // so a reset sent between that and this task's first poll must still end it (marking it
+    // seen here lost such a reset, and `reset()` then waited for a connection that stayed up).
+    let mut up = vec![0u8; 16 * 1024];
+    let mut down = vec![0u8; 16 * 1024];
+    loop {
+        let now = *mode.borrow_and_update();
+        tokio::select! {
+            read = client.read(&mut up), if now != ProxyMode::HoldRequests => match read {
+                Ok(0) | Err(_) => return,
+                Ok(n) => {
+                    if server.write_all(&up[..n]).await.is_err() {
+                        return;
+                    }
+                }
+            },
+            read = server.read(&mut down) => match read {
+                Ok(0) | Err(_) => return,
+                Ok(n) => {
+                    if *mode.borrow() != ProxyMode::DropReplies
+                        && client.write_all(&down[..n]).await.is_err()
+                    {
+                        return;
+                    }
+                }
+            },
+            changed = mode.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+            _ = resets.changed() => {
+                // Closing with a zero linger sends RST instead of FIN.
+                let _ = client.set_zero_linger();
+                return;
+            }
+        }
+    }
+}
+
+impl RedisCluster {
+    /// Puts a [`NodeProxy`] in front of every node and makes each node announce its proxy's
+    /// port, then waits until every node's view lists only proxies. After this, `topology()`
+    /// and friends report proxy ports.
+    pub async fn announce_proxies(&self) -> Vec<NodeProxy> {
+        let mut proxies = Vec::new();
+        for node in &self.nodes {
+            let proxy = NodeProxy::start(node.port).await;
+            let bus = (node.port + 10000).to_string();
+            assert!(cli(
+                node.port,
+                &["config", "set", "cluster-announce-bus-port", &bus]
+            )
+            .contains("OK"));
+            let announced = proxy.port.to_string();
+            assert!(cli(
+                node.port,
+                &["config", "set", "cluster-announce-port", &announced]
+            )
+            .contains("OK"));
+            proxies.push(proxy);
+        }
+        let proxy_ports: Vec<u16> = proxies.iter().map(|p| p.port).collect();
+        let start = Instant::now();
+        loop {
+            let all_announced = self.nodes.iter().all(|node| {
+                let nodes: Vec<NodeInfo> = cli(node.port, &["cluster", "nodes"])
+                    .lines()
+                    .filter_map(parse_node_line)
+                    .collect();
+                nodes.len() == self.nodes.len()
+                    && nodes.iter().all(|n| proxy_ports.contains(&n.port))
+            });
+            if all_announced {
+                return proxies;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "nodes did not announce their proxies: {}",
+                cli(self.nodes[0].port, &["cluster", "nodes"])
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
 }

@@ -40,9 +40,23 @@ impl RedisServer {
             free_port()
         ));
         std::fs::create_dir_all(&dir).unwrap();
-        for _ in 0..5 {
+        // A cluster node also listens on its port + 10000 (the cluster bus), so its port must
+        // leave room for that: redis-server refuses ports above 55535 in cluster mode.
+        let clustered = extra.contains(&"--cluster-enabled");
+        // Its bus port is checked too: on a loaded machine with thousands of client
+        // connections, port + 10000 is often some connection's local port, and redis-server
+        // then exits at once.
+        let port = || loop {
+            let port = free_port();
+            if !clustered
+                || (port <= 55535 && TcpListener::bind(("127.0.0.1", port + 10000)).is_ok())
+            {
+                return port;
+            }
+        };
+        for _ in 0..20 {
             let mut server = RedisServer {
-                port: free_port(),
+                port: port(),
                 child: None,
                 dir: dir.clone(),
                 extra: extra.iter().map(|s| s.to_string()).collect(),
@@ -51,7 +65,17 @@ impl RedisServer {
                 return server;
             }
         }
-        panic!("could not start redis-server (is it installed?)");
+        // The last attempt's log says why.
+        let log = std::fs::read_dir(&dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".log"))
+            .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+            .last()
+            .unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(5).collect();
+        panic!("could not start redis-server (is it installed?); its log ends: {tail:?}");
     }
 
     fn spawn(&mut self) -> bool {
@@ -60,6 +84,8 @@ impl RedisServer {
             .args(["--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
             .args(["--dir", self.dir.to_str().unwrap()])
+            .arg("--logfile")
+            .arg(self.dir.join(format!("redis-{}.log", self.port)))
             .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null());
@@ -149,6 +175,18 @@ pub async fn numsub(raw: &fred::clients::Client, channel: &str) -> i64 {
     reply.get(1).and_then(|v| v.as_i64()).unwrap_or(-1)
 }
 
+/// `PUBSUB SHARDNUMSUB channel` on a single server: its shard subscribers.
+pub async fn shard_numsub(raw: &fred::clients::Client, channel: &str) -> i64 {
+    let reply: Vec<Value> = raw
+        .custom(
+            CustomCommand::new_static("PUBSUB", None, false),
+            vec!["SHARDNUMSUB", channel],
+        )
+        .await
+        .unwrap();
+    reply.get(1).and_then(|v| v.as_i64()).unwrap_or(-1)
+}
+
 /// Spawns a task that waits for `lock`, notes when it got it (tokio's clock, which tests may
 /// pause), and releases it at once.
 pub fn spawn_waiter(lock: redbaton::Lock) -> tokio::task::JoinHandle<tokio::time::Instant> {
@@ -210,4 +248,34 @@ pub async fn command(raw: &fred::clients::Client, name: &'static str, args: Vec<
     raw.custom(CustomCommand::new_static(name, None, false), args)
         .await
         .unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+/// Calls of `command` (as counted by [`command_calls`]) once that count has stopped changing
+/// for `quiet`: everything in flight has reached the server. Panics when it is still changing
+/// after `timeout`.
+pub async fn settled_calls(
+    raw: &fred::clients::Client,
+    command: &str,
+    quiet: Duration,
+    timeout: Duration,
+) -> u64 {
+    let count =
+        |calls: std::collections::HashMap<String, u64>| calls.get(command).copied().unwrap_or(0);
+    let start = Instant::now();
+    let mut last = count(command_calls(raw).await);
+    let mut unchanged_since = Instant::now();
+    loop {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let now = count(command_calls(raw).await);
+        if now != last {
+            last = now;
+            unchanged_since = Instant::now();
+        } else if unchanged_since.elapsed() >= quiet {
+            return last;
+        }
+        assert!(
+            start.elapsed() < timeout,
+            "{command} calls still changing after {timeout:?}"
+        );
+    }
 }

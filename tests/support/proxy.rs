@@ -21,6 +21,9 @@ pub enum Mode {
     /// Forwards requests to the server but throws its replies away: a command runs, and its
     /// caller never hears back.
     RepliesLost,
+    /// Forwards both ways, but holds each chunk of the server's replies for this long first:
+    /// a slow network on the way back.
+    RepliesDelayed(std::time::Duration),
 }
 
 /// A proxy on `127.0.0.1:<port>` in front of `127.0.0.1:<target>`; stops on drop.
@@ -97,7 +100,7 @@ async fn wait_open(mode: &mut watch::Receiver<Mode>) -> bool {
     loop {
         let now = *mode.borrow_and_update();
         match now {
-            Mode::Open | Mode::RepliesLost => return true,
+            Mode::Open | Mode::RepliesLost | Mode::RepliesDelayed(_) => return true,
             Mode::Cut => return false,
             Mode::Stalled => {
                 if mode.changed().await.is_err() {
@@ -140,6 +143,13 @@ async fn pump(
         }
         if replies && *mode.borrow() == Mode::RepliesLost {
             continue;
+        }
+        let delay = match *mode.borrow() {
+            Mode::RepliesDelayed(delay) if replies => Some(delay),
+            _ => None,
+        };
+        if let Some(delay) = delay {
+            tokio::time::sleep(delay).await;
         }
         if to.write_all(&buf[..n]).await.is_err() {
             return;

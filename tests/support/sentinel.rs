@@ -19,6 +19,11 @@ pub struct Sentinel {
 
 impl Sentinel {
     fn start(master_port: u16) -> Sentinel {
+        Sentinel::start_with(master_port, 2, 5000)
+    }
+
+    /// A sentinel monitoring `master_port` with this quorum and failover timeout.
+    pub fn start_with(master_port: u16, quorum: u32, failover_timeout_ms: u64) -> Sentinel {
         for _ in 0..5 {
             let port = free_port();
             let dir = std::env::temp_dir()
@@ -28,10 +33,10 @@ impl Sentinel {
             std::fs::write(
                 &conf,
                 format!(
-                    "port {port}\nbind 127.0.0.1\ndir {}\n\
-                     sentinel monitor {MASTER_NAME} 127.0.0.1 {master_port} 2\n\
+                    "port {port}\nbind 127.0.0.1\ndir {0}\nlogfile {0}/sentinel.log\n\
+                     sentinel monitor {MASTER_NAME} 127.0.0.1 {master_port} {quorum}\n\
                      sentinel down-after-milliseconds {MASTER_NAME} 1000\n\
-                     sentinel failover-timeout {MASTER_NAME} 5000\n\
+                     sentinel failover-timeout {MASTER_NAME} {failover_timeout_ms}\n\
                      sentinel parallel-syncs {MASTER_NAME} 1\n",
                     dir.display()
                 ),
@@ -59,6 +64,13 @@ impl Sentinel {
             let _ = std::fs::remove_dir_all(&dir);
         }
         panic!("could not start a sentinel");
+    }
+}
+
+impl Sentinel {
+    /// The sentinel's log so far (its events: `+sdown`, `+odown`, `+failover-*`, ...).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("sentinel.log")).unwrap_or_default()
     }
 }
 

@@ -11,7 +11,8 @@ macro_rules! exit_table {
         "Exit status of exec:
   CMD's own     CMD ran; 128+N when signal N killed it
   75            lock not acquired within --wait (see --conflict-exit-code)
-  76            lease lost while CMD ran; CMD's process group was stopped
+  76            lease lost while CMD ran (its process group was stopped),
+                or before it could start (CMD not run)
   126 / 127     CMD not executable / not found (the lock was released)
   64            usage error (bad option, bad duration, missing `--` before CMD)
   65            invalid NAME, or the key is not a lock (WRONGTYPE)

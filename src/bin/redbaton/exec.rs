@@ -114,6 +114,19 @@ async fn run_with(
     };
     let owner = guard.owner();
     let owner_text = owner.to_string();
+    // A lease can end before CMD would start (a short --lease, a slow reply): then CMD must not
+    // run unprotected, not even for a moment.
+    if guard.is_lost() {
+        // Lost by the local clock: nothing is sent (the key expires with its lease).
+        let _ = guard.unlock().await;
+        return Err(Failure::new(
+            exit::LEASE_LOST,
+            format!(
+                "lock {:?} was acquired, but its lease ended before CMD could start; CMD not run",
+                args.name
+            ),
+        ));
+    }
     tracing::info!(lock = %args.name, owner = %owner_text, "acquired; starting CMD");
 
     let child = match child::spawn(
@@ -171,7 +184,27 @@ enum Supervised {
     Lost(String),
 }
 
-/// Waits for CMD, forwarding signals and watching the lease.
+/// Resolves, with the reason, once Redis says the hold is gone (force-unlocked, expired, taken
+/// over). Checks every [`CHECK_EVERY`], each check bounded by that period: a check that fails
+/// or times out is not a loss by itself (the watchdog decides when Redis is away).
+async fn gone_from_redis(held: &Lock) -> String {
+    let mut check = tokio::time::interval(CHECK_EVERY);
+    check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    check.tick().await;
+    loop {
+        check.tick().await;
+        match tokio::time::timeout(CHECK_EVERY, held.is_held_by_current_task()).await {
+            Ok(Ok(true)) => {}
+            Ok(Ok(false)) => return "it was force-unlocked or expired".to_owned(),
+            Ok(Err(e)) => tracing::debug!(error = %e, "hold check failed"),
+            Err(_) => tracing::debug!(?CHECK_EVERY, "hold check timed out"),
+        }
+    }
+}
+
+/// Waits for CMD, forwarding signals and watching the lease. Nothing here waits on Redis: the
+/// check in Redis runs alongside, so a stalled server delays neither the lost signal (the
+/// guard's local clock), nor reaping, nor signal forwarding.
 async fn supervise(
     child: &Child,
     guard: &LockGuard,
@@ -180,27 +213,23 @@ async fn supervise(
     args: &ExecArgs,
 ) -> Supervised {
     let mut sigchld = signal(SignalKind::child()).ok();
-    let mut check = tokio::time::interval(CHECK_EVERY);
-    check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    check.tick().await;
+    let gone = gone_from_redis(held);
+    tokio::pin!(gone);
     let why = loop {
         if let Some(ended) = child.reap() {
             return Supervised::Ended(ended);
         }
         tokio::select! {
-            _ = async { match sigchld.as_mut() { Some(s) => { s.recv().await; } None => std::future::pending().await } } => {}
-            _ = sleep(Duration::from_millis(200)) => {}
+            // The loss first: when several branches are ready, stopping CMD comes first.
+            biased;
+            _ = guard.lost() => break "its lease ran out or could not be renewed".to_owned(),
+            why = &mut gone => break why,
             sig = signals.next() => {
                 tracing::info!(%sig, "forwarding to CMD's process group");
                 child.signal_group(sig);
             }
-            _ = guard.lost() => break "its lease ran out or could not be renewed".to_owned(),
-            _ = check.tick() => {
-                // A failed check is not a loss: the watchdog decides when Redis is away.
-                if let Ok(false) = held.is_held_by_current_task().await {
-                    break "it was force-unlocked or expired".to_owned();
-                }
-            }
+            _ = async { match sigchld.as_mut() { Some(s) => { s.recv().await; } None => std::future::pending().await } } => {}
+            _ = sleep(Duration::from_millis(200)) => {}
         }
     };
     if let Some(ended) = child.reap() {

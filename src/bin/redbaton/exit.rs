@@ -13,7 +13,7 @@ pub const DATA: u8 = 65;
 pub const UNAVAILABLE: u8 = 69;
 /// Anything else.
 pub const SOFTWARE: u8 = 70;
-/// The lease was lost while CMD ran.
+/// The lease was lost while CMD ran, or before it could start.
 pub const LEASE_LOST: u8 = 76;
 /// Authentication refused.
 pub const NOPERM: u8 = 77;

@@ -1,0 +1,172 @@
+//! What replica sync costs: the uncontended lock+unlock cycle and the one-waiter hand-off,
+//! with one replica attached, `ReplicaSync::Off` against `ReplicaSync::Auto` (which then
+//! sends `WAIT 1` behind every lock script), measured in the same run, interleaved.
+//!
+//! ```sh
+//! cargo bench --bench replica_sync                 # 3 runs
+//! cargo bench --bench replica_sync -- runs=5 iters=2000 handoffs=300
+//! ```
+//!
+//! It starts a private primary and a replica of it on free loopback ports. Each run measures
+//! both modes in alternating blocks and reports their medians and the ratio on/off; the
+//! summary gives the median ratio over the runs with its range.
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::time::{Duration, Instant};
+
+use redbaton::{Client, ReplicaSync};
+use support::cluster::cli;
+use support::RedisServer;
+
+fn opt(args: &[String], name: &str, default: usize) -> usize {
+    args.iter()
+        .find_map(|a| a.strip_prefix(&format!("{name}=")))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+async fn client(url: &str, sync: ReplicaSync) -> Client {
+    Client::builder()
+        .url(url)
+        .replica_sync(sync)
+        .connect()
+        .await
+        .expect("connect")
+}
+
+/// Microseconds per lock+unlock, `iters` times.
+async fn cycles(client: &Client, name: &str, iters: usize) -> Vec<f64> {
+    let lock = client.lock(name);
+    let mut out = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        let t = Instant::now();
+        let guard = lock.lock().await.unwrap();
+        guard.unlock().await.unwrap();
+        out.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    out
+}
+
+/// Microseconds from the holder's unlock call to the parked waiter's `lock()` returning.
+async fn handoffs(client: &Client, name: &str, n: usize) -> Vec<f64> {
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let guard = client.lock(name).lock().await.unwrap();
+        let lock = client.lock(name);
+        let waiter = tokio::spawn(async move {
+            let guard = lock.lock().await.unwrap();
+            let got = Instant::now();
+            guard.unlock().await.unwrap();
+            got
+        });
+        // Long enough for the waiter to try, subscribe and park.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let released = Instant::now();
+        guard.unlock().await.unwrap();
+        let got = waiter.await.unwrap();
+        out.push(got.duration_since(released).as_secs_f64() * 1e6);
+    }
+    out
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let runs = opt(&args, "runs", 3).max(1);
+    let iters = opt(&args, "iters", 1000).max(10);
+    let n_handoffs = opt(&args, "handoffs", 200).max(10);
+    let blocks = 4;
+
+    let primary = RedisServer::start();
+    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &primary.port.to_string()]);
+    let start = Instant::now();
+    while !cli(primary.port, &["info", "replication"]).contains("state=online") {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "replica not online"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = &replica;
+    let url = primary.url();
+    let off = client(&url, ReplicaSync::Off).await;
+    let on = client(&url, ReplicaSync::Auto).await;
+    // Warm up both (scripts loaded, Auto has seen the replica).
+    cycles(&off, "warm", 100).await;
+    cycles(&on, "warm", 100).await;
+    let waits_before = support::command_calls(&primary.raw().await)
+        .await
+        .get("wait")
+        .copied()
+        .unwrap_or(0);
+    cycles(&on, "warm", 10).await;
+    let waits_after = support::command_calls(&primary.raw().await)
+        .await
+        .get("wait")
+        .copied()
+        .unwrap_or(0);
+    assert!(
+        waits_after >= waits_before + 20,
+        "sync on sends WAIT behind lock and unlock ({waits_before} -> {waits_after})"
+    );
+
+    println!(
+        "replica sync cost: {runs} runs; per run {iters} uncontended cycles and {n_handoffs} \
+         hand-offs per mode, in {blocks} alternating blocks; one replica attached"
+    );
+    println!();
+    println!("| run | cycle off (µs) | cycle on (µs) | ratio | hand-off off (µs) | hand-off on (µs) | ratio |");
+    println!("|---|---|---|---|---|---|---|");
+    let mut cycle_ratios = Vec::new();
+    let mut handoff_ratios = Vec::new();
+    for run in 1..=runs {
+        let (mut c_off, mut c_on, mut h_off, mut h_on) = (vec![], vec![], vec![], vec![]);
+        for block in 0..blocks {
+            // Alternate which mode goes first.
+            let order: [(&Client, bool); 2] = if block % 2 == 0 {
+                [(&off, false), (&on, true)]
+            } else {
+                [(&on, true), (&off, false)]
+            };
+            for (client, is_on) in order {
+                let c = cycles(client, "bench:cycle", iters / blocks).await;
+                let h = handoffs(client, "bench:handoff", n_handoffs / blocks).await;
+                if is_on {
+                    c_on.extend(c);
+                    h_on.extend(h);
+                } else {
+                    c_off.extend(c);
+                    h_off.extend(h);
+                }
+            }
+        }
+        let (c_off, c_on, h_off, h_on) = (median(c_off), median(c_on), median(h_off), median(h_on));
+        cycle_ratios.push(c_on / c_off);
+        handoff_ratios.push(h_on / h_off);
+        println!(
+            "| {run} | {c_off:.0} | {c_on:.0} | {:.2}× | {h_off:.0} | {h_on:.0} | {:.2}× |",
+            c_on / c_off,
+            h_on / h_off
+        );
+    }
+    let summary = |v: &[f64]| {
+        let min = v.iter().cloned().fold(f64::INFINITY, f64::min);
+        let max = v.iter().cloned().fold(0.0, f64::max);
+        format!("{:.2}× (range {min:.2}–{max:.2})", median(v.to_vec()))
+    };
+    println!();
+    println!(
+        "median over runs: cycle {}, hand-off {}; target ≤ 1.50×",
+        summary(&cycle_ratios),
+        summary(&handoff_ratios)
+    );
+    off.shutdown().await.unwrap();
+    on.shutdown().await.unwrap();
+}

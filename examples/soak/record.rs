@@ -1,0 +1,203 @@
+//! What the worker processes and the parent share: the lock names, the side keys, the clock,
+//! the guarded-counter script, and the line format of a critical section's record.
+
+use std::fmt;
+use std::time::Duration;
+
+/// The lock names tasks pick from (the first `--names` of them); the third carries a hash
+/// tag, which changes how its channel is named.
+pub const NAMES: [&str; 8] = [
+    "soak:a", "soak:b", "{soak}:c", "soak:d", "soak:e", "soak:f", "soak:g", "soak:h",
+];
+
+/// The fencing counter of `name` (INCR inside each section).
+pub fn fence_key(name: &str) -> String {
+    format!("soak:fence:{name}")
+}
+
+/// The guarded counter of `name`: a hash with `value`, `fence` (of the last accepted write),
+/// `accepted` and `rejected`.
+pub fn counter_key(name: &str) -> String {
+    format!("soak:counter:{name}")
+}
+
+/// Compare-and-set on the guarded counter: a write is accepted only while its fence is the
+/// newest one issued for the name. "Newest issued" rather than "highest written": a stalled
+/// holder whose lease was lost may take its fence late (a newer holder then already read the
+/// counter), and only the issued fence tells that its read is stale.
+///
+/// Reply `{code, newest}`: code 1 accepted, 0 rejected (a newer fence exists), 2 refused
+/// because the fence is *ahead* of the fencing counter (the counter lost data).
+pub const CAS_SCRIPT: &str = r#"
+local newest = tonumber(redis.call('GET', KEYS[1]) or '0')
+local fence = tonumber(ARGV[1])
+if fence > newest then
+    return {2, newest}
+end
+if fence < newest then
+    redis.call('HINCRBY', KEYS[2], 'rejected', 1)
+    return {0, newest}
+end
+redis.call('HSET', KEYS[2], 'value', ARGV[2], 'fence', ARGV[1])
+redis.call('HINCRBY', KEYS[2], 'accepted', 1)
+return {1, newest}
+"#;
+
+/// Nanoseconds on `CLOCK_MONOTONIC`: one clock for every process of the machine, so
+/// sections recorded by different workers compare.
+pub fn mono_ns() -> u64 {
+    let ts = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .expect("CLOCK_MONOTONIC is always available on Linux");
+    ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64
+}
+
+/// A `mono_ns` reading as a duration since `epoch_ns`.
+pub fn since(epoch_ns: u64, ns: u64) -> Duration {
+    Duration::from_nanos(ns.saturating_sub(epoch_ns))
+}
+
+/// How the counter write of a section ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteOutcome {
+    /// Accepted: its fence was the newest.
+    Accepted,
+    /// Rejected: a newer fence (`Record::newest`) had been issued.
+    Rejected,
+    /// Refused: the fence was ahead of the fencing counter.
+    Ahead,
+    /// No reply (error or timeout): it may or may not have run.
+    Unknown,
+    /// Not sent: the fence or the read failed.
+    NotSent,
+}
+
+impl WriteOutcome {
+    fn code(self) -> char {
+        match self {
+            WriteOutcome::Accepted => 'A',
+            WriteOutcome::Rejected => 'R',
+            WriteOutcome::Ahead => 'F',
+            WriteOutcome::Unknown => 'U',
+            WriteOutcome::NotSent => 'N',
+        }
+    }
+
+    fn from_code(c: &str) -> Option<Self> {
+        Some(match c {
+            "A" => WriteOutcome::Accepted,
+            "R" => WriteOutcome::Rejected,
+            "F" => WriteOutcome::Ahead,
+            "U" => WriteOutcome::Unknown,
+            "N" => WriteOutcome::NotSent,
+            _ => return None,
+        })
+    }
+}
+
+/// One critical section as a worker saw it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    /// Index into [`NAMES`].
+    pub name: usize,
+    /// `mono_ns` when the section began (the acquire had returned).
+    pub start_ns: u64,
+    /// `mono_ns` when the section ended (before the release).
+    pub end_ns: u64,
+    /// The fencing number; `None` when the INCR got no reply.
+    pub fence: Option<i64>,
+    /// The guard reported the lease lost by the end.
+    pub lost: bool,
+    /// The counter write's outcome.
+    pub write: WriteOutcome,
+    /// The newest fence the counter script saw (0 when it did not reply).
+    pub newest: i64,
+    /// How long the acquire took, in ns (0 for a second section of the same hold).
+    pub wait_ns: u64,
+    /// Which call acquired it (`lock`, `try_lock`, `reentrant:wf`, …).
+    pub op: String,
+    /// Through the proxy (`true`) or straight to the server.
+    pub proxied: bool,
+    /// Worker process and task that ran it.
+    pub worker: usize,
+    /// Task number within the worker.
+    pub task: usize,
+}
+
+impl fmt::Display for Record {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} {} {} {} {} {} {} {} {} {} {} {}",
+            self.name,
+            self.start_ns,
+            self.end_ns,
+            self.fence.unwrap_or(-1),
+            u8::from(self.lost),
+            self.write.code(),
+            self.newest,
+            self.wait_ns,
+            self.op,
+            u8::from(self.proxied),
+            self.worker,
+            self.task
+        )
+    }
+}
+
+impl std::str::FromStr for Record {
+    type Err = String;
+
+    fn from_str(line: &str) -> Result<Self, Self::Err> {
+        let bad = || format!("bad history line {line:?}");
+        let f: Vec<&str> = line.split(' ').collect();
+        if f.len() != 12 {
+            return Err(bad());
+        }
+        let num = |i: usize| f[i].parse::<i64>().map_err(|_| bad());
+        let unsigned = |i: usize| f[i].parse::<u64>().map_err(|_| bad());
+        let name = unsigned(0)? as usize;
+        if name >= NAMES.len() {
+            return Err(bad());
+        }
+        let fence = num(3)?;
+        Ok(Record {
+            name,
+            start_ns: unsigned(1)?,
+            end_ns: unsigned(2)?,
+            fence: (fence >= 0).then_some(fence),
+            lost: f[4] == "1",
+            write: WriteOutcome::from_code(f[5]).ok_or_else(bad)?,
+            newest: num(6)?,
+            wait_ns: unsigned(7)?,
+            op: f[8].to_owned(),
+            proxied: f[9] == "1",
+            worker: unsigned(10)? as usize,
+            task: unsigned(11)? as usize,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_survives_its_line() {
+        let r = Record {
+            name: 2,
+            start_ns: 5,
+            end_ns: 9,
+            fence: None,
+            lost: true,
+            write: WriteOutcome::Rejected,
+            newest: 44,
+            wait_ns: 3,
+            op: "reentrant:fw".into(),
+            proxied: true,
+            worker: 1,
+            task: 7,
+        };
+        assert_eq!(r.to_string().parse::<Record>(), Ok(r));
+        assert!("1 2 3".parse::<Record>().is_err());
+    }
+}

@@ -1,0 +1,125 @@
+//! The soak's own `redis-server`: a free loopback port, AOF with `appendfsync always` in the
+//! run directory, so a SIGKILL and restart on the same port keeps every acknowledged write.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct Server {
+    pub port: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// `PING` answered with `PONG` (not `-LOADING`): the server serves commands.
+fn serves(port: u16) -> bool {
+    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+    if stream.write_all(b"PING\r\n").is_err() {
+        return false;
+    }
+    let mut reply = [0u8; 64];
+    matches!(stream.read(&mut reply), Ok(n) if reply[..n].starts_with(b"+PONG"))
+}
+
+impl Server {
+    /// Starts a server whose data lives in `dir`.
+    pub fn start(dir: &Path) -> Result<Server, String> {
+        for _ in 0..5 {
+            let mut server = Server {
+                port: free_port(),
+                dir: dir.to_owned(),
+                child: None,
+            };
+            if server.spawn()? {
+                return Ok(server);
+            }
+        }
+        Err("could not start redis-server on a free port".into())
+    }
+
+    /// Spawns on `self.port`; `Ok(false)` when it exited (port taken) or never served.
+    fn spawn(&mut self) -> Result<bool, String> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("redis.log"))
+            .map_err(|e| format!("redis.log: {e}"))?;
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args([
+                "--save",
+                "",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+            ])
+            .arg("--dir")
+            .arg(&self.dir)
+            .stdout(Stdio::from(
+                log.try_clone().map_err(|e| format!("redis.log: {e}"))?,
+            ))
+            .stderr(Stdio::from(log))
+            .spawn()
+            .map_err(|e| format!("cannot run redis-server (is it installed?): {e}"))?;
+        self.child = Some(child);
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(30) {
+            if let Some(Ok(Some(_))) = self.child.as_mut().map(|c| c.try_wait()) {
+                self.child = None;
+                return Ok(false);
+            }
+            if serves(self.port) {
+                return Ok(true);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.kill();
+        Ok(false)
+    }
+
+    /// `redis://127.0.0.1:<port>`
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// SIGKILL, then wait for the process.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Kills the server and starts it again on the same port from its AOF; returns once it
+    /// serves commands again.
+    pub fn restart(&mut self) -> Result<(), String> {
+        self.kill();
+        let started = Instant::now();
+        while !self.spawn()? {
+            if started.elapsed() > Duration::from_secs(30) {
+                return Err(format!("could not restart redis-server on {}", self.port));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

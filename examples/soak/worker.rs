@@ -1,0 +1,701 @@
+//! A worker process: two clients (one straight to the server, one through the fault proxy),
+//! many tasks taking the locks with every kind of call, each critical section recorded.
+//!
+//! Files in the run directory: `ready-<id>` once connected, `progress-<id>` (valid sections
+//! so far, rewritten every 200 ms), and at the end `history-<id>` (one record a line) and
+//! `summary-<id>` (`<counter>\t<value>` lines). The worker stops when `stop` appears.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fred::interfaces::{HashesInterface, KeysInterface, LuaInterface};
+use fred::types::Value;
+use parking_lot::Mutex;
+use redbaton::{Client, Error, Lock, LockGuard};
+
+use crate::record::{counter_key, fence_key, mono_ns, Record, WriteOutcome, CAS_SCRIPT, NAMES};
+
+/// The worker's settings, passed by the parent on the command line.
+#[derive(clap::Args, Clone, Debug)]
+pub struct WorkerArgs {
+    #[arg(long)]
+    pub id: usize,
+    #[arg(long)]
+    pub direct_port: u16,
+    #[arg(long)]
+    pub proxy_port: u16,
+    #[arg(long)]
+    pub dir: PathBuf,
+    #[arg(long)]
+    pub seed: u64,
+    #[arg(long)]
+    pub tasks: usize,
+    #[arg(long)]
+    pub lease_ms: u64,
+    #[arg(long)]
+    pub command_timeout_ms: u64,
+    /// Percent of sections run without taking the lock (the checker's self-test).
+    #[arg(long, default_value_t = 0.0)]
+    pub sabotage: f64,
+    /// How long tasks may take to finish once told to stop.
+    #[arg(long)]
+    pub grace_secs: u64,
+    /// The calls to mix (see `--calls` of the soak).
+    #[arg(long)]
+    pub calls: String,
+    /// How many of the names to use.
+    #[arg(long)]
+    pub names: usize,
+    /// Where the locks live when not on the direct server (a failover topology); the
+    /// fences and counters then stay on the direct server.
+    #[arg(long)]
+    pub lock_url: Option<String>,
+    /// `auto` or `off`.
+    #[arg(long, default_value = "auto")]
+    pub replica_sync: String,
+}
+
+/// Counters by label (`miss`, `acquire error: Timeout`, …), summed by the parent.
+#[derive(Default)]
+struct Counters(Mutex<BTreeMap<String, u64>>);
+
+impl Counters {
+    fn add(&self, label: impl Into<String>, n: u64) {
+        *self.0.lock().entry(label.into()).or_default() += n;
+    }
+}
+
+struct Ctx {
+    id: usize,
+    stop: AtomicBool,
+    valid_sections: AtomicU64,
+    history: Mutex<Vec<Record>>,
+    counters: Counters,
+    sabotage: f64,
+    calls: Vec<(Op, u32)>,
+    names: &'static [&'static str],
+    /// Where fences and counters live, when not with the locks.
+    ledger: Option<fred::clients::Client>,
+}
+
+fn error_kind(e: &Error) -> &'static str {
+    match e {
+        Error::NotHeld { .. } => "NotHeld",
+        Error::WrongType { .. } => "WrongType",
+        Error::InvalidArgument(_) => "InvalidArgument",
+        Error::Connection(_) => "Connection",
+        Error::Timeout(_) => "Timeout",
+        Error::Auth(_) => "Auth",
+        Error::Redis(_) => "Redis",
+        Error::ShutDown => "ShutDown",
+        Error::NotReplicated { .. } => "NotReplicated",
+        _ => "other",
+    }
+}
+
+/// Writes `text` to `path` atomically (write a temporary file, rename).
+fn write_atomically(path: &Path, text: &str) -> std::io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path)
+}
+
+async fn connect(url: &str, args: &WorkerArgs) -> Client {
+    let started = Instant::now();
+    loop {
+        let connected = Client::builder()
+            .url(url)
+            .watchdog_lease(Duration::from_millis(args.lease_ms))
+            .command_timeout(Duration::from_millis(args.command_timeout_ms))
+            .connect_timeout(Duration::from_secs(2))
+            .reconnect_max_delay(Duration::from_millis(200))
+            .replica_sync(if args.replica_sync == "off" {
+                redbaton::ReplicaSync::Off
+            } else {
+                redbaton::ReplicaSync::Auto
+            })
+            .connect()
+            .await;
+        match connected {
+            Ok(client) => return client,
+            Err(e) if started.elapsed() < Duration::from_secs(60) => {
+                eprintln!("worker {}: connect {url}: {e}; retrying", args.id);
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("worker {}: cannot connect to {url}: {e}", args.id),
+        }
+    }
+}
+
+/// A plain fred client to the ledger (fences and counters), reconnecting for ever.
+async fn ledger(url: &str) -> fred::clients::Client {
+    use fred::prelude::{Builder, ClientLike, Config, ReconnectPolicy};
+    let client = Builder::from_config(Config::from_url(url).expect("the ledger's URL"))
+        .with_performance_config(|p| p.default_command_timeout = Duration::from_secs(5))
+        .set_policy(ReconnectPolicy::new_constant(0, 100))
+        .build()
+        .expect("a ledger client");
+    client.init().await.expect("connect to the ledger");
+    client
+}
+
+/// Runs a worker process to its end.
+pub fn main(args: WorkerArgs) -> std::process::ExitCode {
+    // The library's own logs, into the worker's log, when asked for (`RUST_LOG=redbaton=debug`).
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .with_ansi(false)
+            .init();
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    let code = runtime.block_on(run(args));
+    // Tasks that never finished stay behind in the runtime: do not wait for them.
+    std::process::exit(code)
+}
+
+async fn run(args: WorkerArgs) -> i32 {
+    let direct_url = format!("redis://127.0.0.1:{}", args.direct_port);
+    let (direct, proxied, ledger) = match &args.lock_url {
+        Some(url) => {
+            let ledger = ledger(&direct_url).await;
+            (
+                connect(url, &args).await,
+                connect(url, &args).await,
+                Some(ledger),
+            )
+        }
+        None => {
+            let proxy_url = format!("redis://127.0.0.1:{}", args.proxy_port);
+            (
+                connect(&direct_url, &args).await,
+                connect(&proxy_url, &args).await,
+                None,
+            )
+        }
+    };
+    let ctx = Arc::new(Ctx {
+        id: args.id,
+        stop: AtomicBool::new(false),
+        valid_sections: AtomicU64::new(0),
+        history: Mutex::new(Vec::new()),
+        counters: Counters::default(),
+        sabotage: args.sabotage / 100.0,
+        calls: parse_calls(&args.calls).expect("the parent checked --calls"),
+        names: &NAMES[..args.names],
+        ledger,
+    });
+    let dir = args.dir.clone();
+    std::fs::write(dir.join(format!("ready-{}", args.id)), "").expect("write the ready file");
+
+    // Progress for the parent; the stop file from it.
+    let watcher = {
+        let ctx = ctx.clone();
+        let dir = dir.clone();
+        tokio::spawn(async move {
+            let progress = dir.join(format!("progress-{}", ctx.id));
+            let stop = dir.join("stop");
+            let parent = nix::unistd::getppid();
+            let mut beat = 0u32;
+            loop {
+                if nix::unistd::getppid() != parent {
+                    // The soak itself is gone (interrupted): nobody will read the results.
+                    std::process::exit(3);
+                }
+                if stop.exists() {
+                    ctx.stop.store(true, Ordering::Release);
+                }
+                if beat % 10 == 0 || ctx.stop.load(Ordering::Acquire) {
+                    let n = ctx.valid_sections.load(Ordering::Relaxed);
+                    let _ = write_atomically(&progress, &n.to_string());
+                }
+                if ctx.stop.load(Ordering::Acquire) {
+                    return;
+                }
+                beat += 1;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
+
+    let mut tasks = Vec::new();
+    for t in 0..args.tasks {
+        let client = if t % 2 == 0 {
+            direct.clone()
+        } else {
+            proxied.clone()
+        };
+        let seed = args
+            .seed
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            .wrapping_add(((args.id * 1000 + t) as u64).wrapping_mul(0xD6E8_FEB8_6659_FD93));
+        let proxied = t % 2 == 1 && args.lock_url.is_none();
+        tasks.push(tokio::spawn(task(ctx.clone(), client, proxied, t, seed)));
+    }
+    let _ = watcher.await;
+
+    // Every task must finish within the grace period.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(args.grace_secs);
+    let mut unfinished = 0;
+    for task in tasks {
+        match tokio::time::timeout_at(deadline, task).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                eprintln!("worker {}: a task panicked: {e}", args.id);
+                ctx.counters.add("task panicked", 1);
+            }
+            Err(_) => unfinished += 1,
+        }
+    }
+    ctx.counters.add("tasks", args.tasks as u64);
+    ctx.counters.add("tasks unfinished", unfinished);
+    if unfinished == 0 {
+        let strays = stray_holds(&direct, ctx.names, &[direct.id(), proxied.id()]).await;
+        ctx.counters.add("stray holds", strays);
+    }
+
+    let history: String = ctx
+        .history
+        .lock()
+        .iter()
+        .map(|r| format!("{r}\n"))
+        .collect();
+    write_atomically(&dir.join(format!("history-{}", args.id)), &history)
+        .expect("write the history");
+    let summary: String = ctx
+        .counters
+        .0
+        .lock()
+        .iter()
+        .map(|(k, v)| format!("{k}\t{v}\n"))
+        .collect();
+    write_atomically(&dir.join(format!("summary-{}", args.id)), &summary)
+        .expect("write the summary");
+
+    for client in [direct, proxied] {
+        match tokio::time::timeout(Duration::from_secs(10), client.shutdown()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => eprintln!("worker {}: shutdown: {e}", args.id),
+            Err(_) => eprintln!("worker {}: shutdown took over 10 s", args.id),
+        }
+    }
+    0
+}
+
+/// After every task released everything, no lock may stay held by this process beyond its
+/// lease: a hold that stays is one nobody knows about (and the watchdog may renew it).
+async fn stray_holds(client: &Client, names: &[&str], ids: &[&str]) -> u64 {
+    // Longer than the longest fixed lease plus a watchdog lease: anything held that long
+    // after the last release is kept alive.
+    let bound = Duration::from_millis(MAX_FIXED_LEASE_MS) + client.watchdog_lease() * 2;
+    let started = Instant::now();
+    loop {
+        let mut strays = Vec::new();
+        for &name in names {
+            match client
+                .redis()
+                .hgetall::<std::collections::HashMap<String, String>, _>(name)
+                .await
+            {
+                Ok(fields) => strays.extend(
+                    fields
+                        .into_iter()
+                        .filter(|(owner, _)| ids.iter().any(|id| owner.starts_with(id)))
+                        .map(|(owner, count)| format!("{name}: {owner} = {count}")),
+                ),
+                Err(e) => strays.push(format!("{name}: cannot read: {e}")),
+            }
+        }
+        if strays.is_empty() {
+            return 0;
+        }
+        if started.elapsed() > bound {
+            for s in &strays {
+                eprintln!("stray hold after every task released: {s}");
+            }
+            return strays.len() as u64;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The longest fixed lease a task asks for.
+const MAX_FIXED_LEASE_MS: u64 = 3000;
+
+/// The calls a task mixes; `Re*` are nested holds in one task (outer/inner lease kind:
+/// `w` watchdog, `f` fixed).
+#[derive(Clone, Copy, Debug)]
+pub enum Op {
+    Lock,
+    TryLock,
+    TryLockFor,
+    Leased,
+    TryLeased,
+    ReWw,
+    ReWf,
+    ReFw,
+    ReFf,
+}
+
+/// Every call with its share of the rounds.
+const WEIGHTS: [(Op, u32); 9] = [
+    (Op::Lock, 20),
+    (Op::TryLock, 14),
+    (Op::TryLockFor, 14),
+    (Op::Leased, 10),
+    (Op::TryLeased, 10),
+    (Op::ReWw, 10),
+    (Op::ReWf, 8),
+    (Op::ReFw, 7),
+    (Op::ReFf, 7),
+];
+
+/// The calls named in `list` (comma-separated labels, or `all`), with their weights.
+pub fn parse_calls(list: &str) -> Result<Vec<(Op, u32)>, String> {
+    if list == "all" {
+        return Ok(WEIGHTS.to_vec());
+    }
+    let mut calls = Vec::new();
+    for label in list.split(',').map(str::trim) {
+        match WEIGHTS.iter().find(|(op, _)| op.label() == label) {
+            Some(&call) => calls.push(call),
+            None => {
+                let known: Vec<&str> = WEIGHTS.iter().map(|(op, _)| op.label()).collect();
+                return Err(format!(
+                    "unknown call {label:?}; known: all, {}",
+                    known.join(", ")
+                ));
+            }
+        }
+    }
+    Ok(calls)
+}
+
+impl Op {
+    fn pick(rng: &mut fastrand::Rng, calls: &[(Op, u32)]) -> Op {
+        let total: u32 = calls.iter().map(|(_, w)| w).sum();
+        let mut x = rng.u32(0..total);
+        for &(op, w) in calls {
+            if x < w {
+                return op;
+            }
+            x -= w;
+        }
+        unreachable!()
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Op::Lock => "lock",
+            Op::TryLock => "try_lock",
+            Op::TryLockFor => "try_lock_for",
+            Op::Leased => "lock_with_lease",
+            Op::TryLeased => "try_lock_with_lease",
+            Op::ReWw => "reentrant:ww",
+            Op::ReWf => "reentrant:wf",
+            Op::ReFw => "reentrant:fw",
+            Op::ReFf => "reentrant:ff",
+        }
+    }
+}
+
+/// Mostly under 2 ms; sometimes up to 20 ms; rarely long enough to outlive a short fixed lease.
+fn pick_hold(rng: &mut fastrand::Rng) -> Duration {
+    match rng.u32(0..100) {
+        0..=93 => Duration::from_micros(rng.u64(0..2_000)),
+        94..=98 => Duration::from_millis(rng.u64(2..20)),
+        _ => Duration::from_millis(rng.u64(50..400)),
+    }
+}
+
+fn fixed_lease(rng: &mut fastrand::Rng, min_ms: u64, max_ms: u64) -> Duration {
+    Duration::from_millis(rng.u64(min_ms..=max_ms))
+}
+
+async fn task(ctx: Arc<Ctx>, client: Client, proxied: bool, task: usize, seed: u64) {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    while !ctx.stop.load(Ordering::Acquire) {
+        let name = rng.usize(0..ctx.names.len());
+        let lock = client.lock(ctx.names[name]);
+        let hold = pick_hold(&mut rng);
+        let run = Run {
+            ctx: &ctx,
+            client: &client,
+            name,
+            proxied,
+            task,
+        };
+        if ctx.sabotage > 0.0 && rng.f64() < ctx.sabotage {
+            // Self-test: a section that never took the lock, recorded as valid.
+            ctx.counters.add("sabotaged sections", 1);
+            run.section(hold, 0, "sabotage", || false).await;
+            continue;
+        }
+        let op = Op::pick(&mut rng, &ctx.calls);
+        let started = Instant::now();
+        let acquired = match op {
+            Op::Lock | Op::ReWw | Op::ReWf => lock.lock().await.map(Some),
+            Op::TryLock => lock.try_lock().await,
+            Op::TryLockFor => {
+                lock.try_lock_for(Duration::from_millis(rng.u64(0..600)))
+                    .await
+            }
+            Op::Leased => lock
+                .lock_with_lease(fixed_lease(&mut rng, 200, MAX_FIXED_LEASE_MS))
+                .await
+                .map(Some),
+            Op::TryLeased => {
+                let wait = Duration::from_millis(rng.u64(0..600));
+                lock.try_lock_with_lease(wait, fixed_lease(&mut rng, 200, MAX_FIXED_LEASE_MS))
+                    .await
+            }
+            Op::ReFw | Op::ReFf => lock
+                .lock_with_lease(fixed_lease(&mut rng, 500, MAX_FIXED_LEASE_MS))
+                .await
+                .map(Some),
+        };
+        let wait_ns = started.elapsed().as_nanos() as u64;
+        let outer = match acquired {
+            Ok(Some(guard)) => guard,
+            Ok(None) => {
+                ctx.counters.add("try missed", 1);
+                continue;
+            }
+            Err(e) => {
+                ctx.counters
+                    .add(format!("acquire error: {}", error_kind(&e)), 1);
+                run.log(&format!("{} failed: {e}", op.label()));
+                // Redis may be down: do not spin.
+                tokio::time::sleep(Duration::from_millis(rng.u64(5..50))).await;
+                continue;
+            }
+        };
+        ctx.counters.add(format!("acquired: {}", op.label()), 1);
+        if rng.bool() {
+            run.check_hold_count(&lock, &outer).await;
+        }
+        match op {
+            Op::ReWw | Op::ReWf | Op::ReFw | Op::ReFf => {
+                run.nested(&lock, outer, op, hold, wait_ns, &mut rng).await
+            }
+            _ => {
+                run.section(hold, wait_ns, op.label(), || outer.is_lost())
+                    .await;
+                run.release(outer).await;
+            }
+        }
+    }
+}
+
+/// One round of one task.
+struct Run<'a> {
+    ctx: &'a Ctx,
+    client: &'a Client,
+    name: usize,
+    proxied: bool,
+    task: usize,
+}
+
+impl Run<'_> {
+    /// A nested hold: re-enter, run a section under both holds, release the inner one, maybe
+    /// run a second section under the outer hold alone, release the outer one.
+    async fn nested(
+        &self,
+        lock: &Lock,
+        outer: LockGuard,
+        op: Op,
+        hold: Duration,
+        wait_ns: u64,
+        rng: &mut fastrand::Rng,
+    ) {
+        let inner = match op {
+            Op::ReWw | Op::ReFw => lock.lock().await,
+            // A shorter fixed lease inside: it must not shorten the outer hold.
+            _ => lock.lock_with_lease(fixed_lease(rng, 100, 1000)).await,
+        };
+        let inner = match inner {
+            Ok(inner) => inner,
+            Err(e) => {
+                self.ctx
+                    .counters
+                    .add(format!("re-enter error: {}", error_kind(&e)), 1);
+                self.log(&format!("re-entering ({}) failed: {e}", op.label()));
+                self.release(outer).await;
+                return;
+            }
+        };
+        // Valid while either guard says so: the holder may rely on either.
+        self.section(hold, wait_ns, op.label(), || {
+            inner.is_lost() && outer.is_lost()
+        })
+        .await;
+        self.release(inner).await;
+        if rng.bool() {
+            let hold = pick_hold(rng);
+            let label = format!("{}+outer", op.label());
+            self.section(hold, 0, &label, || outer.is_lost()).await;
+        }
+        self.release(outer).await;
+    }
+
+    /// The critical section: fence (INCR), read the counter, sleep `hold`, write it back
+    /// through the compare-and-set; record it all.
+    async fn section(&self, hold: Duration, wait_ns: u64, op: &str, lost: impl Fn() -> bool) {
+        let redis = self.ctx.ledger.as_ref().unwrap_or(self.client.redis());
+        let name = NAMES[self.name];
+        let start_ns = mono_ns();
+        let mut newest = 0;
+        // The fence, then the read: one pipeline on one connection, so Redis runs them in
+        // this order, in one round trip.
+        let pipeline = redis.pipeline();
+        let _: Result<(), _> = pipeline.incr(fence_key(name)).await;
+        let _: Result<(), _> = pipeline.hget(counter_key(name), "value").await;
+        let mut replies = pipeline.try_all::<Value>().await.into_iter();
+        let fence: Option<i64> = match replies.next() {
+            Some(Ok(reply)) => reply.as_i64(),
+            Some(Err(e)) => {
+                self.side_error("incr", &e);
+                None
+            }
+            None => None,
+        };
+        let read: Option<i64> = match (fence, replies.next()) {
+            (Some(_), Some(Ok(reply))) => {
+                reply.convert::<Option<i64>>().ok().map(|v| v.unwrap_or(0))
+            }
+            (Some(_), Some(Err(e))) => {
+                self.side_error("read", &e);
+                None
+            }
+            _ => None,
+        };
+        tokio::time::sleep(hold).await;
+        let write = match (fence, read) {
+            (Some(fence), Some(value)) => {
+                let reply = redis
+                    .eval::<Vec<i64>, _, _, _>(
+                        CAS_SCRIPT,
+                        vec![fence_key(name), counter_key(name)],
+                        vec![Value::from(fence), Value::from(value + 1)],
+                    )
+                    .await;
+                match reply {
+                    Ok(reply) if reply.len() == 2 => {
+                        newest = reply[1];
+                        match reply[0] {
+                            1 => WriteOutcome::Accepted,
+                            0 => WriteOutcome::Rejected,
+                            _ => WriteOutcome::Ahead,
+                        }
+                    }
+                    Ok(reply) => panic!("unexpected counter script reply {reply:?}"),
+                    Err(e) => {
+                        self.side_error("write", &e);
+                        WriteOutcome::Unknown
+                    }
+                }
+            }
+            _ => WriteOutcome::NotSent,
+        };
+        let end_ns = mono_ns();
+        // Asked after the end was taken: "not lost" then covers the whole section.
+        let lost = lost();
+        if !lost {
+            self.ctx.valid_sections.fetch_add(1, Ordering::Relaxed);
+        }
+        self.ctx.history.lock().push(Record {
+            name: self.name,
+            start_ns,
+            end_ns,
+            fence,
+            lost,
+            write,
+            newest,
+            wait_ns,
+            op: op.to_owned(),
+            proxied: self.proxied,
+            worker: self.ctx.id,
+            task: self.task,
+        });
+    }
+
+    /// A fresh acquire (this task held nothing on the name) must count exactly one hold: a
+    /// higher count is a hold nobody knows about (a script that ran although its caller saw
+    /// an error), which keeps the lock from everyone else while this task keeps re-entering it.
+    ///
+    /// A count of 2 that falls back to 1 is no phantom: an earlier acquire of the same task
+    /// that timed out finished in the background, and its guard, dropped, is being released
+    /// behind this acquire (both wait for the owner's turn). Allowed a few command timeouts.
+    async fn check_hold_count(&self, lock: &Lock, guard: &LockGuard) {
+        let Ok(count) = lock.hold_count().await else {
+            return;
+        };
+        if count <= 1 || guard.is_lost() {
+            return;
+        }
+        let started = Instant::now();
+        let bound = self.client.config().command_timeout * 4;
+        while started.elapsed() < bound && !guard.is_lost() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            if matches!(lock.hold_count().await, Ok(n) if n <= 1) {
+                self.ctx
+                    .counters
+                    .add("late release of a timed-out acquire", 1);
+                return;
+            }
+        }
+        if !guard.is_lost() {
+            self.ctx.counters.add("phantom hold count", 1);
+            self.log(&format!("a fresh hold counts {count}"));
+        }
+    }
+
+    /// A line in the worker's log, for tracing a violation back to its cause.
+    fn log(&self, what: &str) {
+        eprintln!(
+            "mono {} ns: worker {} task {} ({}): {}: {what}",
+            mono_ns(),
+            self.ctx.id,
+            self.task,
+            if self.proxied { "proxied" } else { "direct" },
+            NAMES[self.name]
+        );
+    }
+
+    fn side_error(&self, what: &str, e: &fred::error::Error) {
+        let kind = if e.details().contains("LOADING") {
+            "loading".to_owned()
+        } else {
+            format!("{:?}", e.kind())
+        };
+        self.ctx
+            .counters
+            .add(format!("section {what} error: {kind}"), 1);
+    }
+
+    async fn release(&self, guard: LockGuard) {
+        let lost = guard.is_lost();
+        match guard.unlock().await {
+            Ok(()) => {}
+            Err(Error::NotHeld { .. }) if lost => self.ctx.counters.add("unlock: lost", 1),
+            Err(Error::NotHeld { .. }) => self
+                .ctx
+                .counters
+                .add("unlock: found the lock gone (not yet known lost)", 1),
+            Err(e) => {
+                self.ctx
+                    .counters
+                    .add(format!("unlock error: {}", error_kind(&e)), 1);
+                self.log(&format!("unlock failed: {e}"));
+            }
+        }
+    }
+}

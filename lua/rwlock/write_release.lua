@@ -1,0 +1,38 @@
+-- Release write holds of one owner (Redisson's write-unlock, for up to `max` holds at once).
+-- KEYS[1]  the lock hash
+-- KEYS[2]  the lock's channel "redisson_rwlock:{name}"
+-- ARGV[1]  writer field "<uuid>:<n>:write"
+-- ARGV[2]  how many holds to release at most (1 for an unlock)
+-- ARGV[3]  how many holds to keep at least (0 for an unlock)
+-- ARGV[4]  write-unlock message ("1": wakes every waiter, readers may all get in)
+-- ARGV[5]  publish command: PUBLISH or SPUBLISH
+-- Reply: -1 when the owner does not hold the write lock, else its remaining count (0: none).
+--
+-- At count 0 the writer field goes. If only "mode" is left, the lock is deleted and "1"
+-- published. Otherwise the writer still holds read holds of its own: the lock is downgraded to
+-- read mode, with no message and its expiry unchanged (as Redisson: waiting readers get in
+-- when their lease-bounded wait ends or another release wakes them). A partial release leaves
+-- the expiry alone (Redisson re-applies its lease here, which could shorten it).
+if redis.call('hget', KEYS[1], 'mode') ~= 'write' then
+    return -1
+end
+local count = redis.call('hget', KEYS[1], ARGV[1])
+if not count then
+    return -1
+end
+count = tonumber(count)
+local release = math.min(tonumber(ARGV[2]), count - tonumber(ARGV[3]))
+if release <= 0 then
+    return count
+end
+if count > release then
+    return redis.call('hincrby', KEYS[1], ARGV[1], -release)
+end
+redis.call('hdel', KEYS[1], ARGV[1])
+if redis.call('hlen', KEYS[1]) == 1 then
+    redis.call('del', KEYS[1])
+    redis.call(ARGV[5], KEYS[2], ARGV[4])
+else
+    redis.call('hset', KEYS[1], 'mode', 'read')
+end
+return 0

@@ -1,0 +1,28 @@
+-- Add to (or, with a negative delta, take from) a semaphore's free permits (addPermits).
+-- KEYS[1]  the counter (created when absent)
+-- KEYS[2]  the channel "redisson_sc:{name}"
+-- ARGV[1]  the delta
+-- ARGV[2]  publish command: PUBLISH or SPUBLISH
+-- ARGV[3]  what the message carries: "count" (the new count: RSemaphore) or "delta" (the
+--          delta: RPermitExpirableSemaphore)
+-- Reply: the new number of free permits.
+-- SET, like Redisson's: it clears any expiry on the counter. Nothing is published when the
+-- message would not be positive.
+local value = redis.call('get', KEYS[1])
+if value and (not string.match(value, '^%-?%d+$') or #value > 15) then
+    return redis.error_reply('WRONGTYPE the semaphore key holds a string that is not a permit count')
+end
+local delta = tonumber(ARGV[1])
+local free = tonumber(value or '0') + delta
+if math.abs(free) >= 1e15 then
+    return redis.error_reply('ERR the permit count would leave the range a script counts exactly')
+end
+redis.call('set', KEYS[1], string.format('%d', free))
+local message = free
+if ARGV[3] == 'delta' then
+    message = delta
+end
+if message > 0 then
+    redis.call(ARGV[2], KEYS[2], string.format('%d', message))
+end
+return free

@@ -1,0 +1,56 @@
+-- Take one permit with a lease (Redisson's RPermitExpirableSemaphore layout).
+-- KEYS[1]  N: the counter of free permits (a string; absent = not initialised)
+-- KEYS[2]  T: "{name}:timeout", a zset of taken permits: member = the permit id as 16 raw
+--          bytes, score = the end of its lease in epoch ms (922337203685477: no lease)
+-- KEYS[3]  C: the channel "redisson_sc:{name}"
+-- ARGV[1]  the permit's field: "<client uuid>:<32 hex digits of the id>"
+-- ARGV[2]  the lease in ms
+-- ARGV[3]  publish command: PUBLISH or SPUBLISH
+-- Reply: {1, 1, hex id} when taken; {0, ms} when none is free and the first lease ends in ms
+--        milliseconds; {0, -1} when none is free and no lease is due.
+-- "Now" is the server's clock (TIME): every redbaton client reads the same one.
+-- Leases past their end are reclaimed first (Redisson reclaims lazily too: nothing ends a
+-- lease but the next script that looks), and waiters are told if permits stay free.
+-- An id already taken with a live lease is this same acquire once more (its first reply was
+-- lost): it is answered again, never taken twice.
+local SENTINEL = 922337203685477
+local time = redis.call('time')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local hex = string.sub(ARGV[1], -32)
+local id = (string.gsub(hex, '..', function(cc) return string.char(tonumber(cc, 16)) end))
+
+-- Checks first: a script's writes are not undone when it fails half-way.
+local value = redis.call('get', KEYS[1])
+if value and (not string.match(value, '^%-?%d+$') or #value > 15) then
+    return redis.error_reply('WRONGTYPE the semaphore key holds a string that is not a permit count')
+end
+local taken = redis.call('zscore', KEYS[2], id)
+if taken and tonumber(taken) > now then
+    return {1, 1, hex}
+end
+
+local expired = redis.call('zrangebyscore', KEYS[2], 0, now, 'limit', 0, 100)
+local free = tonumber(value or '0')
+if #expired > 0 then
+    redis.call('zrem', KEYS[2], unpack(expired))
+    free = redis.call('incrby', KEYS[1], #expired)
+    value = free
+end
+if value and free >= 1 then
+    redis.call('decrby', KEYS[1], 1)
+    local expiry = math.min(now + tonumber(ARGV[2]), SENTINEL - 1)
+    redis.call('zadd', KEYS[2], expiry, id)
+    local pttl = redis.call('pttl', KEYS[1])
+    if pttl > 0 then
+        redis.call('pexpire', KEYS[2], pttl)
+    end
+    if #expired > 0 and free > 1 then
+        redis.call(ARGV[3], KEYS[3], free - 1)
+    end
+    return {1, 1, hex}
+end
+local first = redis.call('zrange', KEYS[2], 0, 0, 'withscores')
+if first[2] and tonumber(first[2]) < SENTINEL then
+    return {0, math.max(1, tonumber(first[2]) - now)}
+end
+return {0, -1}

@@ -1,0 +1,17 @@
+-- Give permits back to a semaphore and tell waiters how many are free now.
+-- KEYS[1]  the counter (created when absent, as Redisson does)
+-- KEYS[2]  the channel "redisson_sc:{name}"
+-- ARGV[1]  how many permits (>= 1)
+-- ARGV[2]  publish command: PUBLISH or SPUBLISH
+-- Reply: the new number of free permits.
+-- The message is the new count, as Redisson publishes it, but only when it is positive:
+-- 0 wakes nobody and a negative count breaks Redisson's listeners.
+local value = redis.call('get', KEYS[1])
+if value and (not string.match(value, '^%-?%d+$') or #value > 15) then
+    return redis.error_reply('WRONGTYPE the semaphore key holds a string that is not a permit count')
+end
+local free = redis.call('incrby', KEYS[1], ARGV[1])
+if free > 0 then
+    redis.call(ARGV[2], KEYS[2], free)
+end
+return free

@@ -1,0 +1,532 @@
+//! The wait loop every lock kind shares, and the round trips that can outlive their caller.
+//!
+//! A waiter tries once; if refused, it registers on its channel with the client's hub,
+//! waits for the subscription to be confirmed, tries again, and then parks until a message
+//! wakes it, the hub asks everyone to re-check (reconnect, lag), or the holder's remaining
+//! lease runs out — whichever comes first, capped by the caller's deadline. So a lost
+//! message costs at most one lease.
+//!
+//! A round trip that changes a count (acquire, release) is never abandoned half-way: when
+//! its caller is dropped, or stops waiting after the command timeout, it is finished in a
+//! spawned task ([`Finish`]). A hold taken by such a round trip is released at once; a round
+//! trip whose connection broke with it in flight — so nobody knows whether it ran — is
+//! settled ([`settle`]): the owner's count is trimmed back to what the client accounts for.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use fred::error::{Error as FredError, ErrorKind};
+use fred::types::Value;
+use tokio::time::{Instant, Sleep};
+
+use crate::client::ClientInner;
+use crate::conn::{Call, Conn, Failed};
+use crate::guard::Guard;
+use crate::holds::{HoldOps, Lease, Turn, Waiting};
+use crate::hub::Wake;
+use crate::kinds::{Kind, Reply};
+use crate::{Error, Result};
+
+/// How long a parked waiter pauses before retrying after a connection error or timeout.
+const RETRY_AFTER_ERROR_MS: u64 = 200;
+
+/// The longest a waiter parks while its channel's subscription is not confirmed (the
+/// subscriber is down or cannot subscribe): it polls instead of trusting messages.
+const UNCONFIRMED_POLL: Duration = Duration::from_secs(1);
+
+/// What one attempt came to.
+pub(crate) enum Try<T> {
+    /// Acquired.
+    Got(T),
+    /// Refused; the holder's lease has this many milliseconds left (the park's bound).
+    Busy(u64),
+}
+
+/// One waiter's attempts, as the wait loop drives them.
+pub(crate) trait Attempts: Send {
+    type Output: Send;
+
+    /// The client the waiter belongs to.
+    fn client(&self) -> &ClientInner;
+
+    /// The lock's name, for logs.
+    fn name(&self) -> &str;
+
+    /// The channel to listen on, the key the waiter waits for, and the channel's rule.
+    fn channel(&self) -> (Arc<str>, Arc<str>, Wake);
+
+    /// One try.
+    fn attempt(&mut self) -> impl Future<Output = Result<Try<Self::Output>>> + Send;
+
+    /// Called once when the waiter leaves without the lock (timeout, error, cancellation).
+    fn give_up(&mut self) {}
+}
+
+/// Disarmed on success; otherwise gives up on drop, whatever the exit.
+struct Armed<A: Attempts> {
+    attempts: A,
+    armed: bool,
+}
+
+impl<A: Attempts> Drop for Armed<A> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.attempts.give_up();
+        }
+    }
+}
+
+/// Acquires a lock of kind `K`: `wait` None waits forever; `Some(ZERO)` tries once.
+pub(crate) async fn acquire<K: Kind>(
+    kind: &K,
+    wait: Option<Duration>,
+    lease: Lease,
+) -> Result<Option<Guard<K>>> {
+    let named = kind.named();
+    named.check()?;
+    let field = kind.field(named.owner_field(kind.explicit_owner()));
+    let waits = wait != Some(Duration::ZERO);
+    let attempts = LockAttempts {
+        kind: kind.waiting(wait),
+        field,
+        lease,
+        waits,
+        waiting: Some(named.client.holds.waiting()),
+    };
+    let span = tracing::trace_span!("acquire", lock = %named.name, owner = %attempts.field);
+    tracing::Instrument::instrument(wait_for(attempts, wait), span).await
+}
+
+/// The wait loop.
+pub(crate) async fn wait_for<A: Attempts>(
+    attempts: A,
+    wait: Option<Duration>,
+) -> Result<Option<A::Output>> {
+    let start = Instant::now();
+    // Instant + Duration::MAX would overflow: such a wait has no deadline.
+    let deadline = wait.and_then(|w| start.checked_add(w));
+    let mut armed = Armed {
+        attempts,
+        armed: true,
+    };
+    let (channel_name, group_key, wake) = armed.attempts.channel();
+    let client = armed.attempts.client();
+    let hub = client.hub.clone();
+    let watchdog_lease = client.holds.watchdog_lease();
+
+    // If the channel is already subscribed and confirmed before the first attempt, any
+    // release after that attempt reaches this process: the re-check can be skipped.
+    let early = hub.confirmed_channel(&channel_name);
+    let mut generation = hub.generation();
+    generation.borrow_and_update();
+
+    // An attempt the replicas did not acknowledge was undone: it is retried within the
+    // caller's wait, and reported only once the wait is spent.
+    let mut unreplicated: Option<Error> = None;
+    let mut held_for = match armed.attempts.attempt().await {
+        Ok(Try::Got(output)) => {
+            armed.armed = false;
+            return Ok(Some(output));
+        }
+        Ok(Try::Busy(pttl)) => pttl,
+        Err(e @ Error::NotReplicated { .. }) if !deadline.is_some_and(|d| Instant::now() >= d) => {
+            tracing::debug!(lock = %armed.attempts.name(), error = %e, "not replicated; retrying");
+            unreplicated = Some(e);
+            RETRY_AFTER_ERROR_MS
+        }
+        Err(e) => return Err(e),
+    };
+    if deadline.is_some_and(|d| Instant::now() >= d) {
+        return unreplicated.map_or(Ok(None), Err);
+    }
+
+    let subscription = hub.subscribe(&channel_name, &group_key, wake);
+    let skip_recheck = early
+        .as_ref()
+        .is_some_and(|ch| Arc::ptr_eq(ch, subscription.channel()))
+        && !generation.has_changed().unwrap_or(true);
+    if !skip_recheck {
+        // Bounded like any wait: a subscriber that is down costs at most a poll.
+        let bound = park_time(held_for, deadline).min(UNCONFIRMED_POLL);
+        tokio::select! {
+            _ = subscription.channel().confirmed() => {}
+            _ = tokio::time::sleep(bound) => {
+                tracing::debug!(lock = %armed.attempts.name(), "subscription not confirmed in time");
+            }
+        }
+    }
+    let refused = || {
+        subscription.channel().refused().map(|why| {
+            Err(Error::Auth(format!(
+                "subscribing to the lock's channel: {why}"
+            )))
+        })
+    };
+    tracing::trace!(lock = %armed.attempts.name(), pttl = held_for, "waiting");
+
+    let mut recheck = !skip_recheck;
+    let mut woken = false;
+    let mut failing_since: Option<Instant> = None;
+    loop {
+        if recheck {
+            generation.borrow_and_update();
+            match armed.attempts.attempt().await {
+                Ok(Try::Got(output)) => {
+                    if woken {
+                        tracing::debug!(lock = %armed.attempts.name(), waited = ?start.elapsed(), "acquired after wake-up");
+                    }
+                    armed.armed = false;
+                    return Ok(Some(output));
+                }
+                Ok(Try::Busy(pttl)) => {
+                    held_for = pttl;
+                    failing_since = None;
+                    unreplicated = None;
+                }
+                Err(e) if e.is_transient() => {
+                    // Parked waiters ride out a restart or failover, within a bound.
+                    if woken {
+                        subscription.pass_on();
+                    }
+                    let since = *failing_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() > watchdog_lease {
+                        return Err(e);
+                    }
+                    tracing::debug!(lock = %armed.attempts.name(), error = %e, "retrying after error");
+                    held_for = RETRY_AFTER_ERROR_MS;
+                    unreplicated = matches!(e, Error::NotReplicated { .. }).then_some(e);
+                }
+                Err(e) => {
+                    if woken {
+                        subscription.pass_on();
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        if let Some(refused) = refused() {
+            return refused;
+        }
+        recheck = true;
+        woken = false;
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return unreplicated.map_or(Ok(None), Err);
+        }
+        if armed.attempts.client().conn.is_closed() {
+            // Shutting down (its wake-up may have come before this turn of the loop).
+            return Err(Error::ShutDown);
+        }
+        let mut bound = park_time(held_for, deadline);
+        if !subscription.channel().is_confirmed() {
+            bound = bound.min(UNCONFIRMED_POLL);
+        }
+        tokio::select! {
+            biased;
+            _ = subscription.notified() => woken = true,
+            _ = generation.changed() => {}
+            _ = tokio::time::sleep(bound) => {}
+        }
+        if armed.attempts.client().conn.is_closed() {
+            return Err(Error::ShutDown);
+        }
+        if woken && deadline.is_some_and(|d| Instant::now() >= d) {
+            subscription.pass_on();
+            return unreplicated.map_or(Ok(None), Err);
+        }
+    }
+}
+
+/// How long a waiter parks: the holder's remaining lease, capped by the caller's deadline.
+fn park_time(held_for_ms: u64, deadline: Option<Instant>) -> Duration {
+    let lease_left = Duration::from_millis(held_for_ms.max(1));
+    match deadline {
+        Some(d) => lease_left.min(d.saturating_duration_since(Instant::now())),
+        None => lease_left,
+    }
+}
+
+/// The attempts of a lock kind: the kind's acquire script, under the owner's turn.
+struct LockAttempts<K: Kind> {
+    kind: K,
+    field: Arc<str>,
+    lease: Lease,
+    waits: bool,
+    /// Counted while it waits, and while its give-up runs.
+    waiting: Option<Waiting>,
+}
+
+impl<K: Kind> Attempts for LockAttempts<K> {
+    type Output = Guard<K>;
+
+    fn client(&self) -> &ClientInner {
+        &self.kind.named().client
+    }
+
+    fn name(&self) -> &str {
+        &self.kind.named().name
+    }
+
+    fn channel(&self) -> (Arc<str>, Arc<str>, Wake) {
+        let (channel, wake) = self.kind.channel(&self.field);
+        (channel, self.kind.named().key.clone(), wake)
+    }
+
+    fn attempt(&mut self) -> impl Future<Output = Result<Try<Guard<K>>>> + Send {
+        let conn = &self.kind.named().client.conn;
+        let round_trip = attempt(
+            self.kind.clone(),
+            self.field.clone(),
+            self.lease,
+            self.waits,
+        );
+        Finish::new(round_trip, conn)
+    }
+
+    fn give_up(&mut self) {
+        let named = self.kind.named();
+        let conn = named.client.conn.clone();
+        if let Some(call) = self.kind.give_up(&conn, &self.field) {
+            let name = named.name.clone();
+            let holds = named.client.holds.clone();
+            let (key, field, ops) = (named.key.clone(), self.field.clone(), self.kind.ops());
+            let waiting = self.waiting.take();
+            let runtime = conn.runtime().clone();
+            runtime.spawn(async move {
+                // Under the owner's turn: an attempt abandoned in flight (finished in the
+                // background) runs first, so what it does cannot outlive the undo.
+                let far = Instant::now() + conn.command_timeout() * 4;
+                let turn = holds.turn(&key, &field, &ops, far).await;
+                if let Err(e) = bounded(call, &conn).await {
+                    tracing::warn!(lock = %name, error = %e, "could not undo a wait that gave up");
+                }
+                drop(turn);
+                drop(waiting);
+            });
+        }
+    }
+}
+
+/// One acquire round trip under the owner's turn.
+async fn attempt<K: Kind>(
+    kind: K,
+    field: Arc<str>,
+    lease: Lease,
+    waits: bool,
+) -> Result<Try<Guard<K>>> {
+    let named = kind.named();
+    let client = &named.client;
+    let conn = &client.conn;
+    let deadline = Instant::now() + conn.command_timeout();
+    let ops = kind.ops();
+    let Some(turn) = client.holds.turn(&named.key, &field, &ops, deadline).await else {
+        return Err(Error::Timeout(conn.command_timeout()));
+    };
+    let lease_ms = lease.millis(client.holds.watchdog_lease());
+    let sent_at = Instant::now();
+    let reply = match bounded(kind.acquire(conn, &field, lease_ms, waits), conn).await {
+        Ok(reply) => reply,
+        Err(Failed::Unreplicated { reply, .. })
+            if matches!(kind.decode(reply.clone()), Ok(Reply::Held(_))) =>
+        {
+            // Refused: nothing was taken, whatever the replicas saw.
+            reply
+        }
+        Err(failed) => {
+            let error = failed.to_error(conn, &named.name);
+            match failed {
+                Failed::MaybeRan(_) => settle(conn.clone(), turn),
+                Failed::Unreplicated { reply, .. } => {
+                    // Taken on the primary only: it does not count. Undo it (the owner's
+                    // count goes back; a fresh hold ends any stale one), then report it.
+                    if let Ok(Reply::Acquired { count, .. }) = kind.decode(reply) {
+                        turn.note_count(count);
+                    }
+                    undo_acquire(conn.clone(), turn, ops, field, named.name.clone()).await;
+                }
+                Failed::NotRun(_) => {}
+            }
+            return Err(error);
+        }
+    };
+    match kind.decode(reply)? {
+        Reply::Held(pttl) => Ok(Try::Busy(pttl)),
+        Reply::Acquired { count, extra } => {
+            if conn.is_closed() {
+                // Shut down meanwhile: shutdown waits for this turn, so release it here.
+                turn.note_count(count);
+                undo_acquire(conn.clone(), turn, ops, field, named.name.clone()).await;
+                return Err(Error::ShutDown);
+            }
+            let registered = turn.acquired(count, lease, sent_at);
+            if count > i64::from(turn.accounted()) && turn.entry().is_own() {
+                // Redis counts holds of this owner that no guard accounts for: a hold whose
+                // guard was lost while its key lived on (a renewal the primary applied but no
+                // replica acknowledged, say). Re-entering would keep them alive for ever,
+                // locking everyone else out: trim them, behind this acquire.
+                tracing::warn!(lock = %named.name, count, accounted = turn.accounted(), "the owner held more than its guards account for; trimming");
+                settle(conn.clone(), turn);
+            } else {
+                drop(turn);
+            }
+            tracing::trace!(lock = %named.name, count, "acquired");
+            Ok(Try::Got(Guard::new(
+                kind, field, registered, lease, sent_at, extra,
+            )))
+        }
+    }
+}
+
+/// Logs a settle's outcome; a count below what the client's guards rely on means their hold
+/// is gone.
+fn settled(turn: &Turn, keep: u32, reply: &Value) {
+    let entry = turn.entry();
+    let remaining = reply.as_i64().unwrap_or(-1);
+    tracing::info!(key = %entry.key, owner = %entry.field, keep, remaining, "settled a call of unknown outcome");
+    if keep > 0 && remaining < i64::from(keep) {
+        turn.lose("the owner's count fell below its guards");
+    }
+}
+
+/// Releases the one hold an acquire just took under `turn` (not registered: the caller gets
+/// no guard). A release whose outcome is unknown is settled.
+async fn undo_acquire(
+    conn: Arc<Conn>,
+    turn: Turn,
+    ops: Arc<dyn HoldOps>,
+    field: Arc<str>,
+    name: String,
+) {
+    match bounded(ops.release(&conn, &field, 1, 0), &conn).await {
+        Ok(_) => {}
+        Err(Failed::Unreplicated { .. }) => {
+            tracing::debug!(lock = %name, "the release of an acquire that did not count is not replicated either");
+        }
+        Err(Failed::MaybeRan(_)) => settle(conn, turn),
+        Err(Failed::NotRun(e)) => {
+            tracing::warn!(lock = %name, error = %e, "could not release an acquire that did not count; it ends with its lease");
+        }
+    }
+}
+
+/// Awaits a counted call, for at most as long as a hold it took would matter: past that,
+/// treat the outcome as unknown (a settle queued behind it on the same connection then
+/// learns what it did).
+pub(crate) async fn bounded(call: Call, conn: &Conn) -> std::result::Result<Value, Failed> {
+    let bound = conn.command_timeout() * 4;
+    match tokio::time::timeout(bound, call).await {
+        Ok(outcome) => outcome,
+        Err(_) => Err(Failed::MaybeRan(FredError::new(
+            ErrorKind::Timeout,
+            "no reply within four command timeouts",
+        ))),
+    }
+}
+
+/// How long a settle keeps trying before the lease is left to end it.
+const SETTLE_RETRY: Duration = Duration::from_millis(200);
+
+/// Settles an owner whose count may have been changed by a call of unknown outcome: trims
+/// its count in Redis back to the holds this client accounts for, under the turn (so no
+/// other call of the client is in flight to be trimmed by mistake). Only for owners whose
+/// field only this client writes; another client sharing an explicit owner could be holding
+/// counts this client does not know about.
+pub(crate) fn settle(conn: Arc<Conn>, turn: Turn) {
+    let entry = turn.entry().clone();
+    if !entry.is_own() {
+        tracing::warn!(key = %entry.key, owner = %entry.field, "a counted call's outcome is unknown and the owner is shared with another client; if it ran, its hold ends with its lease");
+        return;
+    }
+    let runtime = conn.runtime().clone();
+    runtime.spawn(async move {
+        let give_up_at = Instant::now() + conn.command_timeout() * 4;
+        loop {
+            let keep = turn.accounted();
+            let trim = entry.ops.release(&conn, &entry.field, u32::MAX, keep);
+            match bounded(trim, &conn).await {
+                Ok(reply) => {
+                    settled(&turn, keep, &reply);
+                    break;
+                }
+                // Idempotent: sent again until replicas acknowledge it (a WAIT covers every
+                // earlier write of its connection), or the time is up.
+                Err(Failed::Unreplicated { reply, .. })
+                    if Instant::now() >= give_up_at || conn.is_closed() =>
+                {
+                    settled(&turn, keep, &reply);
+                    tracing::warn!(key = %entry.key, "settled, but no replica acknowledged it");
+                    break;
+                }
+                Err(e) if Instant::now() < give_up_at && !conn.is_closed() => {
+                    tracing::debug!(key = %entry.key, error = %e, "settle failed; retrying");
+                    tokio::time::sleep(SETTLE_RETRY).await;
+                }
+                Err(e) => {
+                    tracing::warn!(key = %entry.key, owner = %entry.field, error = %e, "could not settle a call of unknown outcome; a hold it took ends with its lease");
+                    break;
+                }
+            }
+        }
+        drop(turn);
+    });
+}
+
+/// A round trip that runs inline while its caller waits, and is finished in a spawned task
+/// when the caller is dropped or the command timeout passes — so its effects (a hold taken, a
+/// hold released) are never left half-known. An abandoned round trip's output is dropped:
+/// a guard in it releases its hold (see [`Guard`]).
+pub(crate) struct Finish<T: Send + 'static> {
+    round_trip: Option<Pin<Box<dyn Future<Output = Result<T>> + Send>>>,
+    deadline: Pin<Box<Sleep>>,
+    timeout: Duration,
+    runtime: tokio::runtime::Handle,
+}
+
+impl<T: Send + 'static> Finish<T> {
+    pub(crate) fn new(
+        round_trip: impl Future<Output = Result<T>> + Send + 'static,
+        conn: &Conn,
+    ) -> Self {
+        Finish {
+            round_trip: Some(Box::pin(round_trip)),
+            deadline: Box::pin(tokio::time::sleep(conn.command_timeout())),
+            timeout: conn.command_timeout(),
+            runtime: conn.runtime().clone(),
+        }
+    }
+
+    fn abandon(&mut self) {
+        if let Some(round_trip) = self.round_trip.take() {
+            self.runtime.spawn(async move {
+                if let Err(e) = round_trip.await {
+                    tracing::debug!(error = %e, "an abandoned round trip failed");
+                }
+            });
+        }
+    }
+}
+
+impl<T: Send + 'static> Future for Finish<T> {
+    type Output = Result<T>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let Some(round_trip) = self.round_trip.as_mut() else {
+            return Poll::Ready(Err(Error::ShutDown));
+        };
+        if let Poll::Ready(outcome) = round_trip.as_mut().poll(cx) {
+            self.round_trip = None;
+            return Poll::Ready(outcome);
+        }
+        ready!(self.deadline.as_mut().poll(cx));
+        self.abandon();
+        Poll::Ready(Err(Error::Timeout(self.timeout)))
+    }
+}
+
+impl<T: Send + 'static> Drop for Finish<T> {
+    fn drop(&mut self) {
+        self.abandon();
+    }
+}

@@ -1,0 +1,543 @@
+//! The holds of one client: what it believes it holds, per (lock key, owner field), and the
+//! turn that orders every call changing that owner's count.
+//!
+//! An [`Entry`] exists while a hold of the owner is registered or a call on it is under way.
+//! It keeps:
+//!
+//! - **the turn**: at most one counted call (acquire, release, settle) per key and owner is in
+//!   flight at a time. With the turn, every reply can be checked against what the client
+//!   accounts for: a reply of count 1 is a *fresh* hold, so a hold still registered from
+//!   before is stale (lost unnoticed: expired, force-unlocked) and its guards can never
+//!   release the new one; and after a call whose outcome is unknown (the connection broke
+//!   with it in flight), the owner's count can be trimmed back to what the client accounts
+//!   for, since no other call of the client is in flight to be trimmed by mistake.
+//! - **the hold's generation**: guards belong to a generation; a new one starts with each
+//!   fresh hold, so a guard of a lost generation is lost for good.
+//! - **the validity**: until when the lease is known valid by the local monotonic clock (the
+//!   last successful acquire or renewal's *send* time plus its lease), and the lost signal.
+//!
+//! The watchdog renews what is registered here. The map is a `DashMap`: every acquire and
+//! release goes through it, and shards keep tasks on other keys out of each other's way.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use dashmap::DashMap;
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::conn::{Call, Conn, LuaScript};
+
+/// How a hold's lease is kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Lease {
+    /// Renewed by the watchdog until released.
+    Watchdog,
+    /// Expires after this many milliseconds; never renewed.
+    Fixed(i64),
+}
+
+impl Lease {
+    /// The lease in milliseconds, as the scripts take it.
+    pub(crate) fn millis(self, watchdog_lease: Duration) -> i64 {
+        match self {
+            Lease::Watchdog => watchdog_lease.as_millis() as i64,
+            Lease::Fixed(ms) => ms,
+        }
+    }
+
+    fn duration(self, watchdog_lease: Duration) -> Duration {
+        Duration::from_millis(self.millis(watchdog_lease) as u64)
+    }
+}
+
+/// How the watchdog renews a kind's holds: a batched script taking `KEYS` = the lock keys and
+/// `ARGV` = their owner fields, then their leases in milliseconds (0: only check that the
+/// hold exists), replying with 1 or 0 per hold (held, gone).
+pub(crate) type Renewal = &'static LuaScript;
+
+/// What a lock kind does to one of its holds outside the acquire loop.
+pub trait HoldOps: Send + Sync + 'static {
+    /// The lock's name, for errors and logs.
+    fn name(&self) -> &str;
+    /// Releases up to `max` holds of `field`, keeping at least `keep`: the release script.
+    /// Its reply is `-1` (not held), `0` (released) or the owner's remaining count.
+    fn release(&self, conn: &Conn, field: &str, max: u32, keep: u32) -> Call;
+    /// How the watchdog renews this kind's holds.
+    fn renewal(&self) -> Renewal;
+}
+
+/// The registry of one client.
+pub(crate) struct Holds {
+    map: DashMap<(Arc<str>, Arc<str>), Arc<Entry>>,
+    /// The client's id: an owner field that starts with it is this client's own.
+    client_id: Arc<str>,
+    watchdog_lease: Duration,
+    /// Waiters alive, and undos of waiters that left still under way (see [`Waiting`]).
+    waiting: AtomicU64,
+    /// Notified when `waiting` drops to zero.
+    none_waiting: Notify,
+}
+
+/// A waiter, or its undo under way (the fair lock's place in the queue), counted until
+/// dropped: shutdown lets them finish while the connection is still open.
+pub(crate) struct Waiting {
+    holds: Arc<Holds>,
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        if self.holds.waiting.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.holds.none_waiting.notify_waiters();
+        }
+    }
+}
+
+/// One owner's hold on one lock, and the turn of calls changing it.
+pub(crate) struct Entry {
+    pub(crate) key: Arc<str>,
+    pub(crate) field: Arc<str>,
+    /// Only this client writes the field (its id is the client's): an unknown outcome can be
+    /// settled by trimming the count to what this client accounts for.
+    own: bool,
+    /// Release and renewal for this entry (the kind that created it).
+    pub(crate) ops: Arc<dyn HoldOps>,
+    state: Mutex<State>,
+    /// Wakes the next task waiting for the turn.
+    turn_free: Notify,
+    /// Wakes guards when the hold is lost.
+    lost_notify: Notify,
+}
+
+struct State {
+    /// A counted call is in flight.
+    busy: bool,
+    /// Tasks waiting for the turn.
+    queued: u32,
+    generation: u64,
+    /// Guards of the current generation.
+    guards: u32,
+    /// Of which taken with the watchdog lease.
+    watchdog_guards: u32,
+    valid_until: Instant,
+    /// The current generation was found lost.
+    lost: bool,
+}
+
+/// Generations are unique per process, so a guard can never mistake a later hold for its own.
+static NEXT_GENERATION: AtomicU64 = AtomicU64::new(1);
+
+impl Holds {
+    pub(crate) fn new(client_id: Arc<str>, watchdog_lease: Duration) -> Arc<Holds> {
+        Arc::new(Holds {
+            map: DashMap::new(),
+            client_id,
+            watchdog_lease,
+            waiting: AtomicU64::new(0),
+            none_waiting: Notify::new(),
+        })
+    }
+
+    /// Counts a waiter until the returned mark is dropped.
+    pub(crate) fn waiting(self: &Arc<Self>) -> Waiting {
+        self.waiting.fetch_add(1, Ordering::AcqRel);
+        Waiting {
+            holds: self.clone(),
+        }
+    }
+
+    /// Waits until no waiter (nor undo) is left, at most until `deadline`.
+    pub(crate) async fn none_waiting(&self, deadline: Instant) -> bool {
+        loop {
+            let notified = self.none_waiting.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.waiting.load(Ordering::Acquire) == 0 {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return false;
+            }
+        }
+    }
+
+    pub(crate) fn watchdog_lease(&self) -> Duration {
+        self.watchdog_lease
+    }
+
+    /// Waits for the turn on (key, field), at most until `deadline`.
+    pub(crate) async fn turn(
+        self: &Arc<Self>,
+        key: &Arc<str>,
+        field: &Arc<str>,
+        ops: &Arc<dyn HoldOps>,
+        deadline: Instant,
+    ) -> Option<Turn> {
+        let entry = {
+            // Under the map's shard lock: the entry cannot be removed as idle in between.
+            let slot = self
+                .map
+                .entry((key.clone(), field.clone()))
+                .or_insert_with(|| self.new_entry(key, field, ops));
+            let entry = slot.value().clone();
+            let mut state = entry.state.lock();
+            if !state.busy {
+                state.busy = true;
+                drop(state);
+                return Some(Turn {
+                    holds: self.clone(),
+                    entry,
+                });
+            }
+            state.queued += 1;
+            drop(state);
+            entry
+        };
+        let mut queued = Queued {
+            holds: self,
+            entry: &entry,
+            waiting: true,
+        };
+        loop {
+            let free = entry.turn_free.notified();
+            tokio::pin!(free);
+            free.as_mut().enable();
+            {
+                let mut state = entry.state.lock();
+                if !state.busy {
+                    state.busy = true;
+                    state.queued -= 1;
+                    queued.waiting = false;
+                    drop(state);
+                    return Some(Turn {
+                        holds: self.clone(),
+                        entry: entry.clone(),
+                    });
+                }
+            }
+            if tokio::time::timeout_at(deadline, free).await.is_err() {
+                return None;
+            }
+        }
+    }
+
+    fn new_entry(&self, key: &Arc<str>, field: &Arc<str>, ops: &Arc<dyn HoldOps>) -> Arc<Entry> {
+        let own = field
+            .strip_prefix(&*self.client_id)
+            .is_some_and(|rest| rest.starts_with(':'));
+        Arc::new(Entry {
+            key: key.clone(),
+            field: field.clone(),
+            own,
+            ops: ops.clone(),
+            state: Mutex::new(State {
+                busy: false,
+                queued: 0,
+                generation: NEXT_GENERATION.fetch_add(1, Ordering::Relaxed),
+                guards: 0,
+                watchdog_guards: 0,
+                valid_until: Instant::now(),
+                lost: false,
+            }),
+            turn_free: Notify::new(),
+            lost_notify: Notify::new(),
+        })
+    }
+
+    /// Removes `entry` if nothing refers to it any more.
+    fn remove_if_idle(&self, entry: &Arc<Entry>) {
+        if !entry.state.lock().idle() {
+            return;
+        }
+        self.map
+            .remove_if(&(entry.key.clone(), entry.field.clone()), |_, e| {
+                Arc::ptr_eq(e, entry) && e.state.lock().idle()
+            });
+    }
+
+    /// Every entry with registered guards of a live generation, with what renewal sends:
+    /// the watchdog lease, or 0 to only check that a fixed-lease hold still exists.
+    pub(crate) fn to_renew(&self) -> Vec<Renewable> {
+        let now = Instant::now();
+        let lease_ms = self.watchdog_lease.as_millis() as i64;
+        self.map
+            .iter()
+            .filter_map(|slot| {
+                let entry = slot.value();
+                let state = entry.state.lock();
+                if state.guards == 0 || state.lost || now >= state.valid_until {
+                    return None;
+                }
+                Some(Renewable {
+                    entry: entry.clone(),
+                    generation: state.generation,
+                    lease_ms: if state.watchdog_guards > 0 {
+                        lease_ms
+                    } else {
+                        0
+                    },
+                })
+            })
+            .collect()
+    }
+
+    /// Marks lost every live hold whose lease ran out by the local clock.
+    pub(crate) fn expire_overdue(&self) {
+        let now = Instant::now();
+        let overdue: Vec<(Arc<Entry>, u64)> = self
+            .map
+            .iter()
+            .filter_map(|slot| {
+                let state = slot.value().state.lock();
+                (state.guards > 0 && !state.lost && now >= state.valid_until)
+                    .then(|| (slot.value().clone(), state.generation))
+            })
+            .collect();
+        for (entry, generation) in overdue {
+            entry.mark_lost(generation, "not renewed within its lease");
+        }
+    }
+
+    /// Every entry (client shutdown).
+    pub(crate) fn entries(&self) -> Vec<Arc<Entry>> {
+        self.map.iter().map(|slot| slot.value().clone()).collect()
+    }
+
+    /// How many holds are registered.
+    pub(crate) fn len(&self) -> usize {
+        self.map.len()
+    }
+}
+
+/// A task queued for the turn; leaves the queue if its wait is dropped or times out.
+struct Queued<'a> {
+    holds: &'a Holds,
+    entry: &'a Arc<Entry>,
+    waiting: bool,
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        if !self.waiting {
+            return;
+        }
+        let pass_on = {
+            let mut state = self.entry.state.lock();
+            state.queued -= 1;
+            // A hand-over meant for this task may have been consumed: pass it on.
+            !state.busy && state.queued > 0
+        };
+        if pass_on {
+            self.entry.turn_free.notify_one();
+        }
+        self.holds.remove_if_idle(self.entry);
+    }
+}
+
+/// A hold due for renewal.
+pub(crate) struct Renewable {
+    pub(crate) entry: Arc<Entry>,
+    pub(crate) generation: u64,
+    pub(crate) lease_ms: i64,
+}
+
+impl State {
+    fn idle(&self) -> bool {
+        !self.busy && self.queued == 0 && self.guards == 0
+    }
+
+    fn live(&self, generation: u64) -> bool {
+        self.generation == generation && !self.lost && Instant::now() < self.valid_until
+    }
+}
+
+impl Entry {
+    /// Whether the hold of `generation` is lost: told so by Redis, replaced by a fresh hold,
+    /// or its lease ran out by the local clock.
+    pub(crate) fn is_lost(&self, generation: u64) -> bool {
+        !self.state.lock().live(generation)
+    }
+
+    /// Resolves once the hold of `generation` is lost.
+    pub(crate) async fn lost(&self, generation: u64) {
+        loop {
+            let notified = self.lost_notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let until = {
+                let state = self.state.lock();
+                if !state.live(generation) {
+                    return;
+                }
+                state.valid_until
+            };
+            tokio::select! {
+                _ = notified => {}
+                _ = tokio::time::sleep_until(until) => {}
+            }
+        }
+    }
+
+    /// Marks the hold of `generation` lost (a no-op for an older generation).
+    pub(crate) fn mark_lost(&self, generation: u64, why: &str) {
+        {
+            let mut state = self.state.lock();
+            if state.generation != generation || state.lost {
+                return;
+            }
+            state.lost = true;
+        }
+        tracing::warn!(key = %self.key, owner = %self.field, why, "lock lease lost");
+        self.lost_notify.notify_waiters();
+    }
+
+    /// A renewal sent at `sent_at` found the hold of `generation` still held.
+    pub(crate) fn renewed(&self, generation: u64, sent_at: Instant, lease: Duration) {
+        let mut state = self.state.lock();
+        if state.generation == generation && !state.lost {
+            state.valid_until = state.valid_until.max(sent_at + lease);
+        }
+    }
+
+    /// Whether only this client writes the entry's field.
+    pub(crate) fn is_own(&self) -> bool {
+        self.own
+    }
+}
+
+/// The turn on one entry: the only counted call of this owner on this lock in flight. Freed
+/// on drop; an entry left idle is removed.
+pub(crate) struct Turn {
+    holds: Arc<Holds>,
+    entry: Arc<Entry>,
+}
+
+/// What an acquire's reply did to the registry.
+pub(crate) struct Registered {
+    pub(crate) entry: Arc<Entry>,
+    pub(crate) generation: u64,
+}
+
+impl Turn {
+    pub(crate) fn entry(&self) -> &Arc<Entry> {
+        &self.entry
+    }
+
+    /// Registers one more guard after an acquire sent at `sent_at` whose reply gave the
+    /// owner's new `count` (1 for a fresh hold).
+    pub(crate) fn acquired(&self, count: i64, lease: Lease, sent_at: Instant) -> Registered {
+        let lease_len = lease.duration(self.holds.watchdog_lease);
+        let until = sent_at
+            .checked_add(lease_len)
+            .unwrap_or_else(|| far_future(sent_at));
+        let entry = &self.entry;
+        let mut stale = None;
+        let generation = {
+            let mut state = entry.state.lock();
+            let live = state.live(state.generation);
+            if count <= 1 || !live {
+                // A fresh hold: whatever was registered before is over, even if nobody had
+                // noticed yet; its guards must never release this one.
+                if state.guards > 0 && !state.lost {
+                    stale = Some(state.generation);
+                }
+                state.generation = NEXT_GENERATION.fetch_add(1, Ordering::Relaxed);
+                state.guards = 0;
+                state.watchdog_guards = 0;
+                state.lost = false;
+                state.valid_until = until;
+            }
+            state.guards += 1;
+            state.watchdog_guards += u32::from(lease == Lease::Watchdog);
+            state.valid_until = state.valid_until.max(until);
+            state.generation
+        };
+        if let Some(old) = stale {
+            tracing::warn!(key = %entry.key, owner = %entry.field, generation = old, "lock lease lost: the lock was taken afresh by the same owner");
+            entry.lost_notify.notify_waiters();
+        }
+        Registered {
+            entry: entry.clone(),
+            generation,
+        }
+    }
+
+    /// An acquire whose hold will not be registered (it is released again at once) replied
+    /// `count`: a fresh hold (1) means whatever was registered before is over.
+    pub(crate) fn note_count(&self, count: i64) {
+        if count > 1 {
+            return;
+        }
+        let generation = {
+            let state = self.entry.state.lock();
+            if state.guards == 0 {
+                return;
+            }
+            state.generation
+        };
+        self.entry
+            .mark_lost(generation, "the lock was taken afresh by the same owner");
+    }
+
+    /// Forgets one guard of `generation` before its release is sent, so no renewal can
+    /// outlive the release. Returns the guards of the generation that remain, or `None` when
+    /// the hold is lost (then nothing must be sent: the owner may hold the lock anew).
+    pub(crate) fn forget_guard(&self, generation: u64, lease: Lease) -> Option<u32> {
+        let mut state = self.entry.state.lock();
+        if state.generation != generation {
+            return None;
+        }
+        state.guards = state.guards.saturating_sub(1);
+        if lease == Lease::Watchdog {
+            state.watchdog_guards = state.watchdog_guards.saturating_sub(1);
+        }
+        state.live(generation).then_some(state.guards)
+    }
+
+    /// How many holds this client accounts for on the entry (its live guards).
+    pub(crate) fn accounted(&self) -> u32 {
+        let state = self.entry.state.lock();
+        if state.live(state.generation) {
+            state.guards
+        } else {
+            0
+        }
+    }
+
+    /// Marks the current hold lost.
+    pub(crate) fn lose(&self, why: &str) {
+        let generation = self.entry.state.lock().generation;
+        self.entry.mark_lost(generation, why);
+    }
+
+    /// The guards registered now, and marks the hold lost (client shutdown).
+    pub(crate) fn end(&self, why: &str) -> u32 {
+        let (generation, guards) = {
+            let state = self.entry.state.lock();
+            (state.generation, state.guards)
+        };
+        self.entry.mark_lost(generation, why);
+        guards
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        let wake = {
+            let mut state = self.entry.state.lock();
+            state.busy = false;
+            state.queued > 0
+        };
+        if wake {
+            self.entry.turn_free.notify_one();
+        } else {
+            self.holds.remove_if_idle(&self.entry);
+        }
+    }
+}
+
+fn far_future(from: Instant) -> Instant {
+    from + Duration::from_secs(100 * 365 * 24 * 3600)
+}

@@ -1,0 +1,165 @@
+//! [`FencedLock`]: Redisson's `RFencedLock` — the reentrant lock plus a fencing token.
+
+use std::sync::Arc;
+
+use fred::interfaces::KeysInterface;
+use fred::types::Value;
+
+use crate::client::ClientInner;
+use crate::conn::{lua_script, Call, Conn, LuaScript};
+use crate::holds::HoldOps;
+use crate::hub::Wake;
+use crate::kinds::reentrant::{hash_lock_methods, HashLock};
+use crate::kinds::{acquire_methods, decode_counted, prefix_name, Kind, Named, Reply};
+use crate::{Guard, Result};
+
+lua_script!(ACQUIRE, "fenced/acquire.lua");
+
+/// Scripts of this kind, loaded at connect.
+pub(crate) const SCRIPTS: &[&LuaScript] = &[&ACQUIRE];
+
+/// Prefix of the token counter's key (Redisson's `redisson_lock_token`).
+const TOKEN_PREFIX: &str = "redisson_lock_token";
+
+/// A reentrant lock whose every acquisition hands out a **fencing token**: a number that is
+/// larger than that of every acquisition before it. Made by
+/// [`Client::fenced_lock`](crate::Client::fenced_lock).
+///
+/// A lease cannot stop a holder that paused (a GC pause, a stalled network) from writing
+/// after its lease ended and another holder got in. A token can: the protected resource
+/// remembers the highest token it has seen and refuses writes that carry a lower one.
+///
+/// ```no_run
+/// # async fn run(client: redbaton::Client) -> redbaton::Result<()> {
+/// let lock = client.fenced_lock("invoice:7");
+/// let guard = lock.lock().await?;
+/// let token = guard.token();
+/// // storage.write_if_token_at_least(token, data) — the store refuses older tokens.
+/// # let _ = token;
+/// guard.unlock().await?;
+/// # Ok(()) }
+/// ```
+///
+/// # Wire format
+///
+/// Redisson's `RFencedLock`: the RLock hash, channel and unlock of [`Lock`](crate::Lock),
+/// plus the string counter `redisson_lock_token:{name}` (no expiry), incremented by every
+/// successful acquire, re-entries included; a refused attempt never increments it. (For a
+/// name that already contains `{`, the counter is `redisson_lock_token:name`: the name's own
+/// hash tag keeps it in the lock's cluster slot.) A `FencedLock` and a [`Lock`](crate::Lock)
+/// on one name are one lock: they exclude and wake each other, and one owner holding both
+/// re-enters. Deleting the counter (Redisson's `delete()` does) restarts the tokens: never do
+/// it while the protected resource remembers tokens. A counter that is not a non-negative
+/// integer is refused with [`Error::WrongType`](crate::Error::WrongType) before anything is
+/// taken.
+///
+/// # ACL
+///
+/// Besides what a [`Lock`](crate::Lock) user needs, the counter's key pattern
+/// (`~redisson_lock_token:*`), `+incr` and `+get` (the acquire script reads and increments the
+/// counter; [`token`](FencedLock::token) is a `GET`).
+#[derive(Clone)]
+pub struct FencedLock {
+    inner: Arc<Inner>,
+    owner: Option<Arc<str>>,
+}
+
+struct Inner {
+    hash: Arc<HashLock>,
+    token_key: Arc<str>,
+}
+
+/// A hold of a [`FencedLock`], with its token.
+pub type FencedGuard = Guard<FencedLock>;
+
+impl FencedLock {
+    pub(crate) fn new(client: Arc<ClientInner>, name: &str) -> FencedLock {
+        let hash = HashLock::new(client, name);
+        let token_key = prefix_name(TOKEN_PREFIX, &hash.named.key).into();
+        FencedLock {
+            inner: Arc::new(Inner {
+                hash: Arc::new(hash),
+                token_key,
+            }),
+            owner: None,
+        }
+    }
+
+    fn hash(&self) -> &HashLock {
+        &self.inner.hash
+    }
+
+    acquire_methods!(FencedLock);
+    hash_lock_methods!();
+
+    /// The latest token handed out on this name (by any holder, in any process), `None`
+    /// before the first. A counter that is not a number is an error
+    /// ([`Error::WrongType`](crate::Error::WrongType) for another Redis type).
+    pub async fn token(&self) -> Result<Option<u64>> {
+        let named = self.named();
+        named.check()?;
+        let token: Option<u64> = named
+            .client
+            .conn
+            .redis()
+            .get(&*self.inner.token_key)
+            .await
+            .map_err(|e| named.error(&e))?;
+        Ok(token)
+    }
+}
+
+impl Guard<FencedLock> {
+    /// This acquisition's fencing token: larger than every token handed out before it on
+    /// this name.
+    pub fn token(&self) -> u64 {
+        self.extra()
+    }
+}
+
+impl Kind for FencedLock {
+    type Extra = u64;
+
+    fn named(&self) -> &Named {
+        &self.inner.hash.named
+    }
+
+    fn explicit_owner(&self) -> Option<&Arc<str>> {
+        self.owner.as_ref()
+    }
+
+    fn channel(&self, _field: &Arc<str>) -> (Arc<str>, Wake) {
+        (self.inner.hash.channel.clone(), Wake::Lock)
+    }
+
+    fn acquire(&self, conn: &Conn, field: &str, lease_ms: i64, _waits: bool) -> Call {
+        let args = vec![Value::from(lease_ms), Value::from(field)];
+        let keys = [&*self.inner.hash.named.key, &*self.inner.token_key];
+        conn.call(&ACQUIRE, &keys, args)
+    }
+
+    fn decode(&self, reply: Value) -> Result<Reply<u64>> {
+        // Only a real token (≥ 1) counts as acquired (Redisson's `{-1, -1}` for a hash without
+        // an expiry is not). The script refuses a counter that could yield anything else before
+        // it takes a hold, so this is a last line of defence.
+        decode_counted(self.named(), reply, |rest| {
+            rest.first()
+                .and_then(Value::as_i64)
+                .filter(|t| *t >= 1)
+                .map(|t| t as u64)
+        })
+    }
+
+    fn ops(&self) -> Arc<dyn HoldOps> {
+        self.inner.hash.clone()
+    }
+}
+
+impl std::fmt::Debug for FencedLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FencedLock")
+            .field("name", &self.inner.hash.named.name)
+            .field("owner", &self.owner)
+            .finish()
+    }
+}

@@ -1,0 +1,330 @@
+//! The lock family. Every kind is one file here, and supplies only what differs between kinds
+//! — through [`Kind`]: its acquire script and how to read the reply, its release and renewal
+//! ([`HoldOps`]), the channel its waiters listen on, and what a waiter does when it gives up.
+//! The wait loop ([`crate::acquire`]), the guard ([`crate::Guard`]), the hub, the holds
+//! registry and the watchdog are shared by all of them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fred::types::Value;
+
+use crate::client::ClientInner;
+use crate::config::MAX_LEASE;
+use crate::conn::{Call, Conn};
+use crate::holds::HoldOps;
+use crate::hub::Wake;
+use crate::owner::current_owner_number;
+use crate::{Error, Result};
+
+pub(crate) mod fair;
+pub(crate) mod fenced;
+pub(crate) mod reentrant;
+pub(crate) mod rwlock;
+
+/// The longest lock name accepted.
+pub const MAX_NAME_LEN: usize = 64 * 1024;
+
+/// What every lock handle has: the client, the name and the Redis key.
+pub struct Named {
+    pub(crate) client: Arc<ClientInner>,
+    pub(crate) name: String,
+    pub(crate) key: Arc<str>,
+    invalid: Option<String>,
+}
+
+impl Named {
+    pub(crate) fn new(client: Arc<ClientInner>, name: &str) -> Named {
+        let invalid = if name.is_empty() {
+            Some("lock name is empty".to_owned())
+        } else if name.len() > MAX_NAME_LEN {
+            Some(format!(
+                "lock name is {} bytes long; the limit is {MAX_NAME_LEN}",
+                name.len()
+            ))
+        } else {
+            None
+        };
+        let key = format!("{}{name}", client.config.key_prefix);
+        Named {
+            client,
+            name: name.to_owned(),
+            key: key.into(),
+            invalid,
+        }
+    }
+
+    /// Refuses use after shutdown and names Redis cannot take.
+    pub(crate) fn check(&self) -> Result<()> {
+        if self.client.conn.is_closed() {
+            return Err(Error::ShutDown);
+        }
+        match &self.invalid {
+            Some(why) => Err(Error::InvalidArgument(why.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Maps a fred error met on this lock.
+    pub(crate) fn error(&self, err: &fred::error::Error) -> Error {
+        self.client.conn.error(err, &self.name)
+    }
+
+    /// The owner field of `owner`, or of the current task when `None`.
+    pub(crate) fn owner_field(&self, owner: Option<&Arc<str>>) -> Arc<str> {
+        match owner {
+            Some(field) => field.clone(),
+            None => owner_text(&self.client.id, current_owner_number()),
+        }
+    }
+
+    /// The error for a key that exists without the expiry every lock has.
+    pub(crate) fn no_expiry(&self) -> Error {
+        Error::WrongType {
+            name: self.name.clone(),
+            detail: "a hash without the expiry every lock has".to_owned(),
+        }
+    }
+}
+
+/// `<client id>:<number>` as one allocation (it is made on every acquire): written into a
+/// stack buffer first when it fits, as it always does for a client's UUID.
+fn owner_text(client_id: &str, number: u64) -> Arc<str> {
+    use std::io::Write;
+    let mut buf = [0u8; 96];
+    let mut cursor = std::io::Cursor::new(&mut buf[..]);
+    if write!(cursor, "{client_id}:{number}").is_ok() {
+        let len = cursor.position() as usize;
+        if let Ok(text) = std::str::from_utf8(&buf[..len]) {
+            return Arc::from(text);
+        }
+    }
+    format!("{client_id}:{number}").into()
+}
+
+/// What an acquire script said.
+#[derive(Debug)]
+pub enum Reply<E> {
+    /// Acquired: the owner's count is now `count` (1 for a fresh hold); `extra` is what the
+    /// kind hands out besides (the fenced lock's token).
+    Acquired {
+        /// The owner's reentry count after this acquire.
+        count: i64,
+        /// What the kind adds to its guard.
+        extra: E,
+    },
+    /// Another owner holds it for this many more milliseconds.
+    Held(u64),
+}
+
+/// The hooks of one lock kind (sealed: implemented by the crate's lock types only).
+///
+/// A kind is a cheap handle (`Clone`): the lock's [`Named`] plus an optional explicit owner.
+pub trait Kind: Clone + Send + Sync + 'static {
+    /// What a guard of this kind carries besides its hold (`()`, or the fenced lock's token).
+    type Extra: Copy + Send + Sync + std::fmt::Debug + 'static;
+
+    /// The lock's name, key and client.
+    fn named(&self) -> &Named;
+
+    /// The explicit owner of this handle, if any (else the current task).
+    fn explicit_owner(&self) -> Option<&Arc<str>>;
+
+    /// The hash field for the owner field `owner` (the write lock appends `:write`).
+    fn field(&self, owner: Arc<str>) -> Arc<str> {
+        owner
+    }
+
+    /// The owner part of a hash field made by [`field`](Kind::field).
+    fn owner_part<'a>(&self, field: &'a str) -> &'a str {
+        field
+    }
+
+    /// The channel a waiter with `field` listens on, and how its messages wake.
+    fn channel(&self, field: &Arc<str>) -> (Arc<str>, Wake);
+
+    /// The acquire script for `field` with `lease_ms`. `waits`: the caller will wait if it is
+    /// refused (the fair lock queues such a caller).
+    fn acquire(&self, conn: &Conn, field: &str, lease_ms: i64, waits: bool) -> Call;
+
+    /// Reads the acquire script's reply.
+    fn decode(&self, reply: Value) -> Result<Reply<Self::Extra>>;
+
+    /// Release and renewal of this kind's holds.
+    fn ops(&self) -> Arc<dyn HoldOps>;
+
+    /// What a waiter that gives up (timeout, cancellation, error) leaves behind to undo, as a
+    /// call to run (the fair lock leaves its queue). Most kinds leave nothing. The engine runs
+    /// it under the owner's turn, so after any attempt of the owner still in flight.
+    fn give_up(&self, _conn: &Conn, _field: &str) -> Option<Call> {
+        None
+    }
+
+    /// The handle one acquire call works with, given how long it waits (`None`: no deadline;
+    /// `Some(ZERO)`: one attempt): its attempts, give-up and guard use it. The fair lock
+    /// queues with the wait, and must give up with the same. Most kinds ignore it.
+    fn waiting(&self, _wait: Option<Duration>) -> Self {
+        self.clone()
+    }
+}
+
+/// Reads the `{1, count}` / `{0, pttl}` reply shared by the hash-based acquire scripts;
+/// `extra` reads what follows an acquired reply's count.
+pub(crate) fn decode_counted<E>(
+    named: &Named,
+    reply: Value,
+    extra: impl FnOnce(&[Value]) -> Option<E>,
+) -> Result<Reply<E>> {
+    let malformed = || Error::Redis(format!("unexpected acquire reply for {:?}", named.name));
+    let Value::Array(parts) = reply else {
+        return Err(malformed());
+    };
+    let number = |i: usize| parts.get(i).and_then(Value::as_i64).ok_or_else(malformed);
+    match number(0)? {
+        1 => Ok(Reply::Acquired {
+            count: number(1)?,
+            extra: extra(&parts[2..]).ok_or_else(malformed)?,
+        }),
+        _ => match number(1)? {
+            pttl if pttl >= 0 => Ok(Reply::Held(pttl as u64)),
+            _ => Err(named.no_expiry()),
+        },
+    }
+}
+
+/// `prefix:{name}`, or `prefix:name` when the name already has a `{` (Redisson's
+/// `prefixName`): the braces put the channel or helper key in the lock key's cluster slot,
+/// unless the key's own hash tag already decides it.
+pub(crate) fn prefix_name(prefix: &str, key: &str) -> String {
+    if key.contains('{') {
+        format!("{prefix}:{key}")
+    } else {
+        format!("{prefix}:{{{key}}}")
+    }
+}
+
+/// Converts a lease to the milliseconds Redis takes, refusing what it cannot take.
+pub(crate) fn lease_millis(lease: Duration) -> Result<i64> {
+    if lease < Duration::from_millis(1) {
+        return Err(Error::InvalidArgument(format!(
+            "lease {lease:?} is shorter than 1 ms"
+        )));
+    }
+    if lease > MAX_LEASE {
+        return Err(Error::InvalidArgument(format!(
+            "lease {lease:?} is longer than Redis accepts ({MAX_LEASE:?})"
+        )));
+    }
+    Ok(lease.as_millis() as i64)
+}
+
+/// The five acquire methods every lock kind has, documented once.
+macro_rules! acquire_methods {
+    ($kind:ty) => {
+        /// Acquires the lock, waiting as long as it takes; the watchdog keeps the lease until
+        /// the guard is released.
+        ///
+        /// # Cancel safety
+        ///
+        /// Dropping the future at any point leaves no hold and no subscription behind.
+        pub async fn lock(&self) -> $crate::Result<$crate::Guard<$kind>> {
+            let guard =
+                $crate::acquire::acquire(self, None, $crate::holds::Lease::Watchdog).await?;
+            Ok(guard.expect("waiting without a deadline ends only in a guard or an error"))
+        }
+
+        /// Acquires the lock for a fixed `lease`, waiting as long as it takes. The lease is
+        /// never renewed: past it the lock expires, and the guard reports
+        /// [`lost`]($crate::Guard::lost).
+        ///
+        /// # Cancel safety
+        ///
+        /// As [`lock`](Self::lock).
+        pub async fn lock_with_lease(
+            &self,
+            lease: std::time::Duration,
+        ) -> $crate::Result<$crate::Guard<$kind>> {
+            let lease = $crate::holds::Lease::Fixed($crate::kinds::lease_millis(lease)?);
+            let guard = $crate::acquire::acquire(self, None, lease).await?;
+            Ok(guard.expect("waiting without a deadline ends only in a guard or an error"))
+        }
+
+        /// One attempt, no waiting: `None` when it is held elsewhere.
+        ///
+        /// # Cancel safety
+        ///
+        /// As [`lock`](Self::lock).
+        pub async fn try_lock(&self) -> $crate::Result<Option<$crate::Guard<$kind>>> {
+            $crate::acquire::acquire(
+                self,
+                Some(std::time::Duration::ZERO),
+                $crate::holds::Lease::Watchdog,
+            )
+            .await
+        }
+
+        /// Waits up to `wait` for the lock: `None` when the wait ran out. `Duration::MAX`
+        /// waits forever; `Duration::ZERO` is [`try_lock`](Self::try_lock).
+        ///
+        /// # Cancel safety
+        ///
+        /// As [`lock`](Self::lock).
+        pub async fn try_lock_for(
+            &self,
+            wait: std::time::Duration,
+        ) -> $crate::Result<Option<$crate::Guard<$kind>>> {
+            $crate::acquire::acquire(self, Some(wait), $crate::holds::Lease::Watchdog).await
+        }
+
+        /// Waits up to `wait` for the lock, taken for a fixed `lease` (never renewed).
+        ///
+        /// # Cancel safety
+        ///
+        /// As [`lock`](Self::lock).
+        pub async fn try_lock_with_lease(
+            &self,
+            wait: std::time::Duration,
+            lease: std::time::Duration,
+        ) -> $crate::Result<Option<$crate::Guard<$kind>>> {
+            let lease = $crate::holds::Lease::Fixed($crate::kinds::lease_millis(lease)?);
+            $crate::acquire::acquire(self, Some(wait), lease).await
+        }
+    };
+}
+pub(crate) use acquire_methods;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefixed_names_follow_redisson() {
+        assert_eq!(
+            prefix_name("redisson_lock__channel", "order:42"),
+            "redisson_lock__channel:{order:42}"
+        );
+        assert_eq!(
+            prefix_name("redisson_lock__channel", "{user}:a"),
+            "redisson_lock__channel:{user}:a"
+        );
+    }
+
+    #[test]
+    fn owner_texts_of_any_length() {
+        assert_eq!(&*owner_text("abc", 7), "abc:7");
+        let long = "x".repeat(200);
+        assert_eq!(
+            &*owner_text(&long, u64::MAX),
+            format!("{long}:{}", u64::MAX)
+        );
+    }
+
+    #[test]
+    fn leases_are_checked() {
+        assert!(lease_millis(Duration::ZERO).is_err());
+        assert!(lease_millis(Duration::from_micros(999)).is_err());
+        assert_eq!(lease_millis(Duration::from_millis(1)).unwrap(), 1);
+        assert!(lease_millis(Duration::MAX).is_err());
+        assert!(lease_millis(MAX_LEASE).is_ok());
+    }
+}

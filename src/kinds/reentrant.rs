@@ -1,0 +1,338 @@
+//! [`Lock`]: Redisson's `RLock` — a reentrant lock on one Redis hash.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fred::interfaces::{HashesInterface, KeysInterface};
+use fred::types::Value;
+
+use crate::client::ClientInner;
+use crate::conn::{lua_script, Ack, Call, Conn};
+use crate::holds::{HoldOps, Renewal};
+use crate::hub::Wake;
+use crate::kinds::{acquire_methods, decode_counted, prefix_name, Kind, Named, Reply};
+use crate::owner::{current_owner_number, Owner};
+use crate::Result;
+
+lua_script!(ACQUIRE, "lock/acquire.lua");
+lua_script!(RELEASE, "lock/release.lua");
+lua_script!(FORCE_UNLOCK, "lock/force_unlock.lua");
+lua_script!(RENEW, "lock/renew.lua");
+
+/// Prefix of every lock channel (Redisson's `redisson_lock__channel`).
+pub(crate) const CHANNEL_PREFIX: &str = "redisson_lock__channel";
+
+/// The unlock message Redisson publishes when a lock is released (`UNLOCK_MESSAGE`).
+pub(crate) const UNLOCK_MESSAGE: &str = "0";
+
+/// A reentrant distributed lock on one name. Cheap to clone; `Send + Sync`.
+///
+/// Made by [`Client::lock`](crate::Client::lock).
+///
+/// # Semantics
+///
+/// A lock is a Redis hash at the lock's key (its name, after the client's key prefix) whose
+/// one field is the holder's owner id `<client uuid>:<owner number>` and whose value is the
+/// holder's reentry count — Redisson's `RLock` layout, so Java services using Redisson and
+/// Rust services using redbaton exclude (and wake) each other on the same names.
+///
+/// The owner number is the current tokio task's id (see [`Owner`]): nested `lock()` calls in
+/// one task re-enter and must each be released; other tasks, in this process or another, wait.
+/// A re-entry never shortens the lock's expiry, whatever lease it asks for: a hold ends with
+/// the longest lease among the owner's holds.
+///
+/// Waiting costs Redis almost nothing: a waiter subscribes to the lock's channel through the
+/// client's shared subscriber, re-checks once, and parks until an unlock message wakes it —
+/// or until the lock's remaining lease (PTTL) runs out, so a lost message costs at most one
+/// lease, never a hang.
+///
+/// # Cancellation safety
+///
+/// Every acquiring method is cancellation safe: dropping its future at any point leaves no
+/// lock held and no subscription behind. An acquire round trip dropped in flight — or one
+/// whose reply is later than the command timeout — is finished in a spawned task, and if it
+/// took the lock, the hold is released again at once. A waiter that was woken and then gives
+/// up hands its wake-up to the next waiter.
+///
+/// # Example
+///
+/// ```no_run
+/// # async fn run() -> redbaton::Result<()> {
+/// use std::time::Duration;
+/// let client = redbaton::Client::connect("redis://127.0.0.1:6379").await?;
+/// let lock = client.lock("order:42");
+///
+/// let outer = lock.lock().await?;          // waits as long as it takes
+/// let inner = lock.lock().await?;          // same task: re-enters
+/// assert_eq!(lock.hold_count().await?, 2);
+/// inner.unlock().await?;
+/// outer.unlock().await?;
+///
+/// match lock.try_lock_for(Duration::from_millis(200)).await? {
+///     Some(guard) => guard.unlock().await?,
+///     None => println!("busy"),
+/// }
+/// # client.shutdown().await }
+/// ```
+#[derive(Clone)]
+pub struct Lock {
+    inner: Arc<HashLock>,
+    owner: Option<Arc<str>>,
+}
+
+/// A lock on Redisson's RLock hash: what [`Lock`] is, and what the other kinds on that hash
+/// (fenced, fair) build on.
+pub(crate) struct HashLock {
+    pub(crate) named: Named,
+    pub(crate) channel: Arc<str>,
+}
+
+impl HashLock {
+    pub(crate) fn new(client: Arc<ClientInner>, name: &str) -> HashLock {
+        let named = Named::new(client, name);
+        let channel = prefix_name(CHANNEL_PREFIX, &named.key).into();
+        HashLock { named, channel }
+    }
+
+    /// The reentry count of `owner` (the current task when `None`).
+    pub(crate) async fn hold_count(&self, owner: Option<&Arc<str>>) -> Result<u32> {
+        let named = &self.named;
+        named.check()?;
+        let count: Option<i64> = named
+            .client
+            .conn
+            .redis()
+            .hget(&*named.key, &*named.owner_field(owner))
+            .await
+            .map_err(|e| named.error(&e))?;
+        Ok(count.unwrap_or(0).clamp(0, i64::from(u32::MAX)) as u32)
+    }
+
+    pub(crate) async fn is_locked(&self) -> Result<bool> {
+        let named = &self.named;
+        named.check()?;
+        let exists: i64 = named
+            .client
+            .conn
+            .redis()
+            .exists(&*named.key)
+            .await
+            .map_err(|e| named.error(&e))?;
+        Ok(exists > 0)
+    }
+
+    pub(crate) async fn is_held_by(&self, owner: Option<&Arc<str>>) -> Result<bool> {
+        let named = &self.named;
+        named.check()?;
+        named
+            .client
+            .conn
+            .redis()
+            .hexists(&*named.key, &*named.owner_field(owner))
+            .await
+            .map_err(|e| named.error(&e))
+    }
+
+    pub(crate) async fn remaining_ttl(&self) -> Result<Option<Duration>> {
+        let named = &self.named;
+        named.check()?;
+        let pttl: i64 = named
+            .client
+            .conn
+            .redis()
+            .pttl(&*named.key)
+            .await
+            .map_err(|e| named.error(&e))?;
+        match pttl {
+            -2 => Ok(None),
+            ms if ms >= 0 => Ok(Some(Duration::from_millis(ms as u64))),
+            _ => Err(named.no_expiry()),
+        }
+    }
+
+    pub(crate) async fn force_unlock(&self) -> Result<bool> {
+        let named = &self.named;
+        named.check()?;
+        let conn = &named.client.conn;
+        let args = vec![Value::from(UNLOCK_MESSAGE), conn.publish_command().into()];
+        let (deleted, ack): (i64, Ack) = conn
+            .eval_synced(&FORCE_UNLOCK, &[&named.key, &self.channel], args)
+            .await
+            .map_err(|e| named.error(&e))?;
+        if deleted == 1 {
+            tracing::info!(lock = %named.name, "force-unlocked");
+        }
+        ack.check()?;
+        Ok(deleted == 1)
+    }
+
+    /// The owner `owner` names, or the current task.
+    pub(crate) fn owner(&self, owner: Option<&Arc<str>>) -> Owner {
+        match owner {
+            Some(field) => field
+                .parse()
+                .expect("explicit owners are parsed on the way in"),
+            None => Owner::new(&self.named.client.id, current_owner_number()),
+        }
+    }
+}
+
+/// The methods of a kind on the RLock hash (`self.inner: Arc<I>` where `I` derefs to a
+/// `HashLock` through `hash()`, `self.owner: Option<Arc<str>>`), documented once.
+macro_rules! hash_lock_methods {
+    () => {
+        /// The lock's name as given.
+        pub fn name(&self) -> &str {
+            &self.hash().named.name
+        }
+
+        /// The Redis key of the lock (the name after the client's key prefix).
+        pub fn key(&self) -> &str {
+            &self.hash().named.key
+        }
+
+        /// The channel its unlock messages travel on.
+        pub fn channel(&self) -> &str {
+            &self.hash().channel
+        }
+
+        /// This handle acting as an explicit `owner` instead of the current task.
+        ///
+        /// Use it to release in another task than the one that locked, or to re-enter a
+        /// hold that another process passed on (the command-line tool's `REDBATON_OWNER`).
+        pub fn with_owner(&self, owner: $crate::Owner) -> Self {
+            Self {
+                inner: self.inner.clone(),
+                owner: Some(owner.to_string().into()),
+            }
+        }
+
+        /// The owner this handle acts as right now.
+        pub fn owner(&self) -> $crate::Owner {
+            self.hash().owner(self.owner.as_ref())
+        }
+
+        /// This owner's reentry count (0 when it does not hold the lock).
+        pub async fn hold_count(&self) -> $crate::Result<u32> {
+            self.hash().hold_count(self.owner.as_ref()).await
+        }
+
+        /// Whether anyone holds the lock.
+        pub async fn is_locked(&self) -> $crate::Result<bool> {
+            self.hash().is_locked().await
+        }
+
+        /// Whether this owner (by default the current task) holds the lock.
+        pub async fn is_held_by_current_task(&self) -> $crate::Result<bool> {
+            self.hash().is_held_by(self.owner.as_ref()).await
+        }
+
+        /// How long the lock's lease has left; `None` when it is not locked.
+        pub async fn remaining_ttl(&self) -> $crate::Result<Option<std::time::Duration>> {
+            self.hash().remaining_ttl().await
+        }
+
+        /// Deletes the lock whoever holds it and wakes its waiters: `true` when it was held.
+        /// The holder's guard then reports [`lost`]($crate::Guard::lost). A key that is not a
+        /// lock is refused with [`Error::WrongType`]($crate::Error::WrongType), never deleted.
+        pub async fn force_unlock(&self) -> $crate::Result<bool> {
+            self.hash().force_unlock().await
+        }
+    };
+}
+pub(crate) use hash_lock_methods;
+
+impl Lock {
+    pub(crate) fn new(client: Arc<ClientInner>, name: &str) -> Lock {
+        Lock {
+            inner: Arc::new(HashLock::new(client, name)),
+            owner: None,
+        }
+    }
+
+    fn hash(&self) -> &HashLock {
+        &self.inner
+    }
+
+    acquire_methods!(Lock);
+    hash_lock_methods!();
+}
+
+impl Kind for Lock {
+    type Extra = ();
+
+    fn named(&self) -> &Named {
+        &self.inner.named
+    }
+
+    fn explicit_owner(&self) -> Option<&Arc<str>> {
+        self.owner.as_ref()
+    }
+
+    fn channel(&self, _field: &Arc<str>) -> (Arc<str>, Wake) {
+        (self.inner.channel.clone(), Wake::Lock)
+    }
+
+    fn acquire(&self, conn: &Conn, field: &str, lease_ms: i64, _waits: bool) -> Call {
+        let args = vec![Value::from(lease_ms), Value::from(field)];
+        conn.call(&ACQUIRE, &[&self.inner.named.key], args)
+    }
+
+    fn decode(&self, reply: Value) -> Result<Reply<()>> {
+        decode_counted(self.named(), reply, |_| Some(()))
+    }
+
+    fn ops(&self) -> Arc<dyn HoldOps> {
+        self.inner.clone()
+    }
+}
+
+impl HoldOps for HashLock {
+    fn name(&self) -> &str {
+        &self.named.name
+    }
+
+    fn release(&self, conn: &Conn, field: &str, max: u32, keep: u32) -> Call {
+        let args = vec![
+            Value::from(field),
+            Value::from(i64::from(max)),
+            Value::from(i64::from(keep)),
+            Value::from(UNLOCK_MESSAGE),
+            Value::from(conn.publish_command()),
+        ];
+        conn.call(&RELEASE, &[&self.named.key, &self.channel], args)
+    }
+
+    fn renewal(&self) -> Renewal {
+        &RENEW
+    }
+}
+
+impl std::fmt::Debug for Lock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lock")
+            .field("name", &self.inner.named.name)
+            .field("owner", &self.owner)
+            .finish()
+    }
+}
+
+/// Scripts of this kind, loaded at connect.
+pub(crate) const SCRIPTS: &[&crate::conn::LuaScript] = &[&ACQUIRE, &RELEASE, &FORCE_UNLOCK, &RENEW];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn channel_names_follow_redisson() {
+        assert_eq!(
+            prefix_name(CHANNEL_PREFIX, "order:42"),
+            "redisson_lock__channel:{order:42}"
+        );
+        assert_eq!(
+            prefix_name(CHANNEL_PREFIX, "{user}:a"),
+            "redisson_lock__channel:{user}:a"
+        );
+    }
+}

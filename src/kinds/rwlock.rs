@@ -1,0 +1,598 @@
+//! [`ReadWriteLock`]: Redisson's `RReadWriteLock` — many readers or one writer, on one hash.
+//!
+//! A read/write lock is one Redis hash at the lock's key, shared by both halves:
+//!
+//! | field | value |
+//! | --- | --- |
+//! | `mode` | `read` or `write` |
+//! | `<client uuid>:<n>` | a reader's reentry count |
+//! | `<client uuid>:<n>:write` | the writer's reentry count |
+//!
+//! Every read hold also has a *timeout key*, `{name}:<uuid>:<n>:rwlock_timeout:<i>` for the
+//! owner's i-th hold (`<name>:<uuid>:<n>:rwlock_timeout:<i>` when the name has a `{`), a string
+//! expiring with that hold's lease. The hash expires with the longest lease it protects; when
+//! a reader leaves, the hash's expiry falls back to the longest timeout key left, so a dead
+//! reader stops blocking writers once its own lease ends. Both halves wait on the channel
+//! `redisson_rwlock:{name}`: a write unlock publishes `1` (every waiter retries: all readers may
+//! get in), the read unlock that frees the lock publishes `0` (one waiter per process retries).
+//! This is Redisson's layout, key for key and message for message, so Java services using
+//! Redisson and Rust services using redbaton share read/write locks by name.
+
+use std::sync::Arc;
+
+use fred::types::Value;
+
+use crate::client::ClientInner;
+use crate::conn::{lua_script, Call, Conn, LuaScript};
+use crate::holds::{HoldOps, Renewal};
+use crate::hub::Wake;
+use crate::kinds::reentrant::RENEW;
+use crate::kinds::{acquire_methods, decode_counted, Kind, Named, Reply};
+use crate::owner::{current_owner_number, Owner};
+use crate::{Error, Guard, Result};
+
+lua_script!(READ_ACQUIRE, "rwlock/read_acquire.lua");
+lua_script!(READ_RELEASE, "rwlock/read_release.lua");
+lua_script!(READ_RENEW, "rwlock/read_renew.lua");
+lua_script!(WRITE_ACQUIRE, "rwlock/write_acquire.lua");
+lua_script!(WRITE_RELEASE, "rwlock/write_release.lua");
+lua_script!(FORCE_UNLOCK, "rwlock/force_unlock.lua");
+lua_script!(STATE, "rwlock/state.lua");
+
+/// Scripts of this kind, loaded at connect (the write renewal is the RLock's).
+pub(crate) const SCRIPTS: &[&LuaScript] = &[
+    &READ_ACQUIRE,
+    &READ_RELEASE,
+    &READ_RENEW,
+    &WRITE_ACQUIRE,
+    &WRITE_RELEASE,
+    &FORCE_UNLOCK,
+    &STATE,
+];
+
+/// Prefix of the channel (Redisson's `redisson_rwlock`).
+const CHANNEL_PREFIX: &str = "redisson_rwlock";
+/// What the read unlock that frees the lock publishes (Redisson's `UNLOCK_MESSAGE`).
+const READ_UNLOCK_MESSAGE: &str = "0";
+/// What the write unlock publishes (Redisson's `READ_UNLOCK_MESSAGE`: readers may all enter).
+const WRITE_UNLOCK_MESSAGE: &str = "1";
+/// The writer field's suffix.
+const WRITE_SUFFIX: &str = ":write";
+
+/// A distributed read/write lock: many readers at once, or one writer. Made by
+/// [`Client::read_write_lock`](crate::Client::read_write_lock); cheap to clone, `Send + Sync`.
+///
+/// [`read`](ReadWriteLock::read) and [`write`](ReadWriteLock::write) give its two halves,
+/// each a lock with the five acquire methods of [`Lock`](crate::Lock) and a guard with the same
+/// behaviour (`unlock`, release on drop, [`lost`](crate::Guard::lost)).
+///
+/// # Semantics
+///
+/// Like `tokio::sync::RwLock`, across processes, and with Redisson's rules:
+///
+/// - **Many readers or one writer.** A read hold is granted while nobody writes; the write hold
+///   only while nobody reads or writes.
+/// - **Reentrant on both sides**, per owner (the current tokio task, see
+///   [`Owner`]): nested `read().lock()` or `write().lock()` calls in one task re-enter and must
+///   each be released.
+/// - **A writer may read** (take read holds while it holds the write lock). Those holds outlive
+///   its write unlock: the lock is then *downgraded* to read mode, held by the former writer's
+///   read holds. Readers that were waiting are not woken by a downgrade (Redisson publishes
+///   nothing); they get in when their wait, bounded by the lock's remaining lease, next
+///   re-checks, or when another release wakes them.
+/// - **A reader cannot upgrade.** A read hold blocks every writer, its own owner included.
+///   Asking for the write lock while the same owner holds read holds fails at once with
+///   [`Error::WouldDeadlock`] (the write acquire script sees the owner's reader field), instead
+///   of waiting for ever on itself. Release the read holds first.
+/// - **No fairness, no writer preference** (as Redisson): while readers keep coming, a waiting
+///   writer may starve. Waiters are woken by messages: a write unlock wakes every waiter of
+///   this process (readers then all get in), the last reader's unlock wakes one.
+/// - **Leases** as for [`Lock`](crate::Lock): the watchdog renews watchdog holds (for a read
+///   hold: its timeout keys and the hash, as Redisson's read renewal does); a fixed lease
+///   ends the hold. Each read hold has its own timeout key, so a reader that died stops
+///   counting once its lease ends, even while other readers keep the hash alive.
+///
+/// A [`Lock`](crate::Lock) on the same name is a different Redis layout: it is never written
+/// to by this lock's scripts (it counts as held), but do not mix the two on one name.
+///
+/// # Cancellation safety
+///
+/// As for [`Lock`](crate::Lock): every acquiring method is cancellation safe — dropping its
+/// future at any point leaves no hold and no subscription behind — and a dropped guard is
+/// released in the background. Client shutdown releases every read and write hold still held.
+///
+/// # Example
+///
+/// ```no_run
+/// # async fn run(client: redbaton::Client) -> redbaton::Result<()> {
+/// use std::time::Duration;
+/// let rw = client.read_write_lock("catalog");
+///
+/// // Many readers at once (here two tasks of this process).
+/// let (a, b) = tokio::join!(
+///     tokio::spawn({ let rw = rw.clone(); async move { rw.read().lock().await } }),
+///     tokio::spawn({ let rw = rw.clone(); async move { rw.read().lock().await } }),
+/// );
+/// let (a, b) = (a.unwrap()?, b.unwrap()?);
+///
+/// // A writer waits until both are released (here: gives up after 100 ms).
+/// assert!(rw.write().try_lock_for(Duration::from_millis(100)).await?.is_none());
+/// a.unlock().await?;
+/// b.unlock().await?;
+///
+/// let write = rw.write().lock().await?;
+/// let read = rw.read().lock().await?;   // the writer may also read...
+/// write.unlock().await?;                // ...and keeps reading: downgraded
+/// assert!(rw.read().is_locked().await?);
+/// read.unlock().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct ReadWriteLock {
+    read: Arc<ReadHalf>,
+    write: Arc<WriteHalf>,
+}
+
+/// What both halves share: the name, key, channel and key prefix of the timeout keys.
+struct Base {
+    named: Named,
+    channel: Arc<str>,
+    /// `{key}`, or the key itself when it has a `{`: owner f's hold i has the timeout key
+    /// `<timeout_base>:<f>:rwlock_timeout:<i>`.
+    timeout_base: Arc<str>,
+}
+
+impl Base {
+    /// The timeout-key prefix of reader field `field` (Redisson's `suffixName(name, field)` +
+    /// `:rwlock_timeout`).
+    fn timeout_prefix(&self, field: &str) -> String {
+        format!("{}:{field}:rwlock_timeout", self.timeout_base)
+    }
+
+    /// The mode, the hash's length, and the owner's read and write counts, atomically.
+    async fn state(&self, owner: &str) -> Result<(String, i64, i64, i64)> {
+        let named = &self.named;
+        named.check()?;
+        let args = vec![
+            Value::from(owner),
+            Value::from(format!("{owner}{WRITE_SUFFIX}")),
+        ];
+        let reply: Vec<Value> = named
+            .client
+            .conn
+            .eval(&STATE, &[&named.key], args)
+            .await
+            .map_err(|e| named.error(&e))?;
+        let malformed = || Error::Redis(format!("unexpected state reply for {:?}", named.name));
+        let number = |i: usize| reply.get(i).and_then(Value::as_i64).ok_or_else(malformed);
+        let mode = reply
+            .first()
+            .and_then(Value::as_string)
+            .ok_or_else(malformed)?;
+        Ok((mode, number(1)?, number(2)?, number(3)?))
+    }
+
+    async fn force_unlock(&self, mode: &str, message: &str) -> Result<bool> {
+        let named = &self.named;
+        named.check()?;
+        let conn = &named.client.conn;
+        let args = vec![
+            Value::from(mode),
+            Value::from(message),
+            Value::from(conn.publish_command()),
+        ];
+        let deleted: i64 = conn
+            .eval(&FORCE_UNLOCK, &[&named.key, &self.channel], args)
+            .await
+            .map_err(|e| named.error(&e))?;
+        if deleted == 1 {
+            tracing::info!(lock = %named.name, mode, "force-unlocked");
+        }
+        Ok(deleted == 1)
+    }
+
+    fn owner_field(&self, owner: Option<&Arc<str>>) -> Arc<str> {
+        self.named.owner_field(owner)
+    }
+
+    fn owner(&self, owner: Option<&Arc<str>>) -> Owner {
+        match owner {
+            Some(field) => field
+                .parse()
+                .expect("explicit owners are parsed on the way in"),
+            None => Owner::new(&self.named.client.id, current_owner_number()),
+        }
+    }
+}
+
+/// The key prefix of a lock's timeout keys: `{key}`, or the key itself when it has a `{`
+/// (Redisson's `suffixName` without the suffix).
+fn timeout_base(key: &str) -> String {
+    if key.contains('{') {
+        key.to_owned()
+    } else {
+        format!("{{{key}}}")
+    }
+}
+
+/// The read half's release and renewal.
+struct ReadHalf(Arc<Base>);
+
+/// The write half's release and renewal.
+struct WriteHalf(Arc<Base>);
+
+/// The read half of a [`ReadWriteLock`]: shared holds.
+#[derive(Clone)]
+pub struct ReadLock {
+    half: Arc<ReadHalf>,
+    owner: Option<Arc<str>>,
+}
+
+/// The write half of a [`ReadWriteLock`]: the exclusive hold.
+#[derive(Clone)]
+pub struct WriteLock {
+    half: Arc<WriteHalf>,
+    owner: Option<Arc<str>>,
+}
+
+/// A read hold of a [`ReadWriteLock`].
+pub type ReadGuard = Guard<ReadLock>;
+
+/// The write hold of a [`ReadWriteLock`].
+pub type WriteGuard = Guard<WriteLock>;
+
+impl ReadWriteLock {
+    pub(crate) fn new(client: Arc<ClientInner>, name: &str) -> ReadWriteLock {
+        let named = Named::new(client, name);
+        let channel = crate::kinds::prefix_name(CHANNEL_PREFIX, &named.key).into();
+        let timeout_base = timeout_base(&named.key).into();
+        let base = Arc::new(Base {
+            named,
+            channel,
+            timeout_base,
+        });
+        ReadWriteLock {
+            read: Arc::new(ReadHalf(base.clone())),
+            write: Arc::new(WriteHalf(base)),
+        }
+    }
+
+    /// The read half: shared holds, excluded by a writer.
+    pub fn read(&self) -> ReadLock {
+        ReadLock {
+            half: self.read.clone(),
+            owner: None,
+        }
+    }
+
+    /// The write half: the exclusive hold.
+    pub fn write(&self) -> WriteLock {
+        WriteLock {
+            half: self.write.clone(),
+            owner: None,
+        }
+    }
+
+    /// The lock's name as given.
+    pub fn name(&self) -> &str {
+        &self.read.0.named.name
+    }
+
+    /// The Redis key of the lock's hash (the name after the client's key prefix).
+    pub fn key(&self) -> &str {
+        &self.read.0.named.key
+    }
+
+    /// The channel both halves' unlock messages travel on (`redisson_rwlock:{name}`).
+    pub fn channel(&self) -> &str {
+        &self.read.0.channel
+    }
+}
+
+/// The methods both halves have (`self.half.0: Arc<Base>`, `self.owner`), documented once.
+macro_rules! half_methods {
+    () => {
+        /// The lock's name as given.
+        pub fn name(&self) -> &str {
+            &self.half.0.named.name
+        }
+
+        /// The Redis key of the lock's hash (the name after the client's key prefix).
+        pub fn key(&self) -> &str {
+            &self.half.0.named.key
+        }
+
+        /// The channel both halves' unlock messages travel on (`redisson_rwlock:{name}`).
+        pub fn channel(&self) -> &str {
+            &self.half.0.channel
+        }
+
+        /// This handle acting as an explicit `owner` instead of the current task (to release
+        /// in another task than the one that locked, or to re-enter a hold another process
+        /// passed on).
+        pub fn with_owner(&self, owner: Owner) -> Self {
+            Self {
+                half: self.half.clone(),
+                owner: Some(owner.to_string().into()),
+            }
+        }
+
+        /// The owner this handle acts as right now.
+        pub fn owner(&self) -> Owner {
+            self.half.0.owner(self.owner.as_ref())
+        }
+    };
+}
+
+impl ReadLock {
+    acquire_methods!(ReadLock);
+    half_methods!();
+
+    /// This owner's read reentry count (0 when it holds no read hold).
+    pub async fn hold_count(&self) -> Result<u32> {
+        let base = &self.half.0;
+        let (_, _, reads, _) = base.state(&base.owner_field(self.owner.as_ref())).await?;
+        Ok(reads.clamp(0, i64::from(u32::MAX)) as u32)
+    }
+
+    /// Whether this owner (by default the current task) holds a read hold.
+    pub async fn is_held_by_current_task(&self) -> Result<bool> {
+        Ok(self.hold_count().await? > 0)
+    }
+
+    /// Whether the lock is held for reading (Redisson's meaning): in read mode, or in write
+    /// mode with read holds of the writer besides its write hold.
+    pub async fn is_locked(&self) -> Result<bool> {
+        let base = &self.half.0;
+        let (mode, len, _, _) = base.state(&base.owner_field(self.owner.as_ref())).await?;
+        Ok(mode == "read" || (mode == "write" && len > 2))
+    }
+
+    /// Deletes the lock if it is in read mode, whoever holds it, and wakes its waiters
+    /// (message `0`): `true` when it was deleted. A lock in write mode is left alone (as
+    /// Redisson's read-lock `forceUnlock`). The holders' guards then report
+    /// [`lost`](crate::Guard::lost). A key that is not a lock is refused with
+    /// [`Error::WrongType`], never deleted.
+    pub async fn force_unlock(&self) -> Result<bool> {
+        self.half.0.force_unlock("read", READ_UNLOCK_MESSAGE).await
+    }
+}
+
+impl WriteLock {
+    acquire_methods!(WriteLock);
+    half_methods!();
+
+    /// This owner's write reentry count (0 when it does not hold the write lock).
+    pub async fn hold_count(&self) -> Result<u32> {
+        let base = &self.half.0;
+        let (_, _, _, writes) = base.state(&base.owner_field(self.owner.as_ref())).await?;
+        Ok(writes.clamp(0, i64::from(u32::MAX)) as u32)
+    }
+
+    /// Whether this owner (by default the current task) holds the write lock.
+    pub async fn is_held_by_current_task(&self) -> Result<bool> {
+        Ok(self.hold_count().await? > 0)
+    }
+
+    /// Whether the lock is held for writing (in write mode).
+    pub async fn is_locked(&self) -> Result<bool> {
+        let base = &self.half.0;
+        let (mode, _, _, _) = base.state(&base.owner_field(self.owner.as_ref())).await?;
+        Ok(mode == "write")
+    }
+
+    /// Deletes the lock if it is in write mode, whoever holds it, and wakes every waiter
+    /// (message `1`): `true` when it was deleted. A lock in read mode is left alone (as
+    /// Redisson's write-lock `forceUnlock`). A key that is not a lock is refused with
+    /// [`Error::WrongType`], never deleted.
+    pub async fn force_unlock(&self) -> Result<bool> {
+        self.half
+            .0
+            .force_unlock("write", WRITE_UNLOCK_MESSAGE)
+            .await
+    }
+}
+
+impl Kind for ReadLock {
+    type Extra = ();
+
+    fn named(&self) -> &Named {
+        &self.half.0.named
+    }
+
+    fn explicit_owner(&self) -> Option<&Arc<str>> {
+        self.owner.as_ref()
+    }
+
+    fn channel(&self, _field: &Arc<str>) -> (Arc<str>, Wake) {
+        (self.half.0.channel.clone(), Wake::Lock)
+    }
+
+    fn acquire(&self, conn: &Conn, field: &str, lease_ms: i64, _waits: bool) -> Call {
+        let base = &self.half.0;
+        let prefix = base.timeout_prefix(field);
+        let args = vec![
+            Value::from(lease_ms),
+            Value::from(field),
+            Value::from(format!("{field}{WRITE_SUFFIX}")),
+        ];
+        conn.call(&READ_ACQUIRE, &[&base.named.key, &prefix], args)
+    }
+
+    fn decode(&self, reply: Value) -> Result<Reply<()>> {
+        decode_counted(self.named(), reply, |_| Some(()))
+    }
+
+    fn ops(&self) -> Arc<dyn HoldOps> {
+        self.half.clone()
+    }
+}
+
+impl Kind for WriteLock {
+    type Extra = ();
+
+    fn named(&self) -> &Named {
+        &self.half.0.named
+    }
+
+    fn explicit_owner(&self) -> Option<&Arc<str>> {
+        self.owner.as_ref()
+    }
+
+    fn field(&self, owner: Arc<str>) -> Arc<str> {
+        format!("{owner}{WRITE_SUFFIX}").into()
+    }
+
+    fn owner_part<'a>(&self, field: &'a str) -> &'a str {
+        field.strip_suffix(WRITE_SUFFIX).unwrap_or(field)
+    }
+
+    fn channel(&self, _field: &Arc<str>) -> (Arc<str>, Wake) {
+        (self.half.0.channel.clone(), Wake::Lock)
+    }
+
+    fn acquire(&self, conn: &Conn, field: &str, lease_ms: i64, _waits: bool) -> Call {
+        let args = vec![
+            Value::from(lease_ms),
+            Value::from(field),
+            Value::from(self.owner_part(field)),
+        ];
+        conn.call(&WRITE_ACQUIRE, &[&self.half.0.named.key], args)
+    }
+
+    fn decode(&self, reply: Value) -> Result<Reply<()>> {
+        let named = self.named();
+        if let Value::Array(parts) = &reply {
+            if parts.first().and_then(Value::as_i64) == Some(-1) {
+                return Err(Error::WouldDeadlock {
+                    name: named.name.clone(),
+                    detail: "this owner holds read holds on it, and a read hold cannot be \
+                             upgraded: waiting for the write lock would never end (release \
+                             the read holds first)"
+                        .to_owned(),
+                });
+            }
+        }
+        decode_counted(named, reply, |_| Some(()))
+    }
+
+    fn ops(&self) -> Arc<dyn HoldOps> {
+        self.half.clone()
+    }
+}
+
+impl HoldOps for ReadHalf {
+    fn name(&self) -> &str {
+        &self.0.named.name
+    }
+
+    fn release(&self, conn: &Conn, field: &str, max: u32, keep: u32) -> Call {
+        let base = &self.0;
+        let prefix = base.timeout_prefix(field);
+        let args = vec![
+            Value::from(field),
+            Value::from(i64::from(max)),
+            Value::from(i64::from(keep)),
+            Value::from(READ_UNLOCK_MESSAGE),
+            Value::from(conn.publish_command()),
+        ];
+        let keys = [
+            &*base.named.key,
+            &*base.channel,
+            &prefix,
+            &*base.timeout_base,
+        ];
+        conn.call(&READ_RELEASE, &keys, args)
+    }
+
+    fn renewal(&self) -> Renewal {
+        &READ_RENEW
+    }
+}
+
+impl HoldOps for WriteHalf {
+    fn name(&self) -> &str {
+        &self.0.named.name
+    }
+
+    fn release(&self, conn: &Conn, field: &str, max: u32, keep: u32) -> Call {
+        let base = &self.0;
+        let args = vec![
+            Value::from(field),
+            Value::from(i64::from(max)),
+            Value::from(i64::from(keep)),
+            Value::from(WRITE_UNLOCK_MESSAGE),
+            Value::from(conn.publish_command()),
+        ];
+        conn.call(&WRITE_RELEASE, &[&base.named.key, &base.channel], args)
+    }
+
+    fn renewal(&self) -> Renewal {
+        // The writer field lives on the hash alone: the RLock's renewal fits.
+        &RENEW
+    }
+}
+
+impl std::fmt::Debug for ReadWriteLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReadWriteLock")
+            .field("name", &self.read.0.named.name)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for ReadLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReadLock")
+            .field("name", &self.half.0.named.name)
+            .field("owner", &self.owner)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for WriteLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WriteLock")
+            .field("name", &self.half.0.named.name)
+            .field("owner", &self.owner)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn suffix_name(name: &str, suffix: &str) -> String {
+        // Redisson's suffixName, restated for the check below.
+        if name.contains('{') {
+            format!("{name}:{suffix}")
+        } else {
+            format!("{{{name}}}:{suffix}")
+        }
+    }
+
+    #[test]
+    fn timeout_keys_follow_suffix_name() {
+        assert_eq!(timeout_base("catalog"), "{catalog}");
+        assert_eq!(timeout_base("{user}:a"), "{user}:a");
+        for name in ["catalog", "{user}:a", "a:{b}:c", "x{"] {
+            assert_eq!(
+                format!("{}:u-1:7:rwlock_timeout", timeout_base(name)),
+                format!("{}:rwlock_timeout", suffix_name(name, "u-1:7"))
+            );
+        }
+    }
+
+    #[test]
+    fn public_types_move_between_tasks() {
+        fn send_static<T: Send + 'static>() {}
+        fn sync<T: Sync>() {}
+        send_static::<ReadGuard>();
+        send_static::<WriteGuard>();
+        send_static::<ReadWriteLock>();
+        sync::<ReadWriteLock>();
+        sync::<ReadLock>();
+        sync::<WriteLock>();
+    }
+}

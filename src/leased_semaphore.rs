@@ -1,0 +1,550 @@
+//! [`LeasedSemaphore`]: Redisson's `RPermitExpirableSemaphore` — a semaphore whose permits
+//! have ids and leases, so that a crashed holder's permit comes back.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fred::types::Value;
+
+use crate::client::ClientInner;
+use crate::conn::{lua_script, Call, Conn, LuaScript};
+use crate::guard::Guard;
+use crate::holds::{HoldOps, Lease, Renewal};
+use crate::hub::Wake;
+use crate::kinds::{lease_millis, prefix_name, Kind, Named, Reply};
+use crate::semaphore::{
+    add_permits, check_count, check_recheck, set_permits, CHANNEL_PREFIX, DEFAULT_RECHECK_INTERVAL,
+};
+use crate::{Error, Result};
+
+lua_script!(ACQUIRE, "semaphore/leased_acquire.lua");
+lua_script!(RELEASE, "semaphore/leased_release.lua");
+lua_script!(RENEW, "semaphore/leased_renew.lua");
+lua_script!(STATE, "semaphore/leased_state.lua");
+
+/// Scripts of the leased semaphore, loaded at connect.
+pub(crate) const SCRIPTS: &[&LuaScript] = &[&ACQUIRE, &RELEASE, &RENEW, &STATE];
+
+/// A distributed semaphore whose permits have **ids and leases**: at most as many holders at
+/// once as it has permits, and a holder that crashes gives its permit back when its lease
+/// ends. Made by [`Client::leased_semaphore`](crate::Client::leased_semaphore). Cheap to
+/// clone; `Send + Sync`.
+///
+/// Each acquire takes one permit and returns a [`LeasedPermit`]: the permit's id, its
+/// lease, and [`lost`](LeasedPermit::lost) like a lock guard's. As with a [`Lock`](crate::Lock),
+/// the lease is either the client's watchdog lease, renewed by the client's watchdog for as
+/// long as the permit is held ([`acquire`](Self::acquire)), or a fixed lease that is never
+/// renewed ([`acquire_with_lease`](Self::acquire_with_lease)). Releasing the permit, dropping
+/// it, or shutting the client down gives it back at once; a holder that dies stops renewing,
+/// and its permit comes back within one lease.
+///
+/// The name says what it is: a semaphore of leased permits. It is Redisson's
+/// `RPermitExpirableSemaphore` on the wire (see below), and Java services using
+/// `getPermitExpirableSemaphore(name)` share permits with it.
+///
+/// # Leases end lazily
+///
+/// Nothing on the server ends a lease when it runs out: the next acquire (or
+/// [`available_permits`](Self::available_permits)) that looks reclaims every permit whose
+/// lease has ended and announces it. A waiter refused while leases are running parks at most
+/// until the first one ends, then looks again; otherwise it parks until a release wakes it, or
+/// at most the [recheck interval](Self::with_recheck_interval) (a Java peer's permit without a
+/// lease never ends).
+///
+/// # Clocks
+///
+/// Lease ends are epoch milliseconds in Redis. redbaton's scripts read the **server's** clock
+/// (`TIME`), so all redbaton clients agree on when a lease ends, whatever their own clocks
+/// say, and a permit is never reclaimed while its holder still counts on it (the holder's
+/// local deadline is measured from before it sent the acquire). Redisson computes lease ends
+/// from each Java client's own clock: a Java client whose clock is ahead of the Redis server's
+/// by `s` reclaims redbaton's permits `s` early, and one behind reclaims them late (and
+/// redbaton reclaims its permits late or early by as much). Keep clocks synchronised (NTP)
+/// when Java services share the semaphore, and leases well above the skew.
+///
+/// # Wire format
+///
+/// Redisson's `RPermitExpirableSemaphore`: the key (the name after the client's key prefix)
+/// is a string holding the number of **free** permits (absent until set: every acquire
+/// waits); `{name}:timeout` (`name:timeout` when the name has a `{`) is a sorted set of the
+/// permits taken, whose members are the permit ids as 16 raw bytes and whose scores are the
+/// lease ends in epoch milliseconds (`922337203685477` for a Java permit without a lease); the
+/// channel is `redisson_sc:{name}` — the same as a [`Semaphore`](crate::Semaphore) of the same
+/// name, whose waiters wake on these messages too — and its messages are decimal permit
+/// counts: a release publishes the new number of free permits, a reclaim too,
+/// [`try_set_permits`](Self::try_set_permits) the count set and
+/// [`add_permits`](Self::add_permits) the delta. Counts that are not positive are not
+/// published. An expiry set on the key is copied onto the sorted set by each acquire, as
+/// Redisson does.
+///
+/// # Cancellation safety
+///
+/// Every acquiring method is cancellation safe: dropping its future leaves no permit taken
+/// and no subscription behind. An acquire round trip dropped in flight, or whose reply comes
+/// later than the command timeout, is finished in a spawned task and its permit released at
+/// once; one whose connection broke in flight is settled: its id is released if it was taken.
+///
+/// # Example
+///
+/// ```no_run
+/// # async fn run() -> redbaton::Result<()> {
+/// use std::time::Duration;
+/// let client = redbaton::Client::connect("redis://127.0.0.1:6379").await?;
+/// let gpus = client.leased_semaphore("gpu-slots");
+/// gpus.try_set_permits(2).await?;         // once; false if already set
+///
+/// let permit = gpus.acquire().await?;     // renewed by the watchdog while held
+/// # async fn train() {}
+/// tokio::select! {
+///     _ = permit.lost() => eprintln!("permit {} lost; stopping", permit.id()),
+///     _ = train() => permit.release().await?,
+/// }
+///
+/// // A fixed lease: back in the pool after 10 minutes whatever happens.
+/// if let Some(permit) = gpus.try_acquire_with_lease(Duration::ZERO, Duration::from_secs(600)).await? {
+///     permit.release().await?;
+/// }
+/// # client.shutdown().await }
+/// ```
+#[derive(Clone)]
+pub struct LeasedSemaphore {
+    inner: Arc<Inner>,
+    recheck: Duration,
+}
+
+/// What a permit's hold needs: the keys, the channel, the client.
+struct Inner {
+    /// The engine's view: the name, and as its key the sorted set of taken permits (each
+    /// permit is a hold of that key, its field `<client id>:<permit id in hex>`).
+    named: Named,
+    /// The counter of free permits.
+    counter: Arc<str>,
+    channel: Arc<str>,
+}
+
+/// One permit of a [`LeasedSemaphore`], held until released or dropped (dropping releases it
+/// in a background task, logged at `debug`).
+///
+/// While it lives, the permit may still be *lost*: a fixed lease ran out, someone released it
+/// by its id, or the watchdog could not renew it for a whole lease (Redis unreachable).
+/// [`lost`](LeasedPermit::lost) resolves when that happens.
+#[must_use = "dropping the permit releases it"]
+pub struct LeasedPermit {
+    guard: Guard<LeasedSemaphore>,
+}
+
+/// The id of a [`LeasedPermit`]: 16 random bytes, shown as 32 lowercase hex digits (as
+/// Redisson shows its permit ids); parsed from hex in either case.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PermitId([u8; 16]);
+
+impl PermitId {
+    /// The id's 16 bytes, as stored in Redis.
+    pub fn as_bytes(&self) -> &[u8; 16] {
+        &self.0
+    }
+
+    /// The id made of these 16 bytes.
+    pub fn from_bytes(bytes: [u8; 16]) -> PermitId {
+        PermitId(bytes)
+    }
+
+    fn random() -> PermitId {
+        PermitId(rand::random())
+    }
+}
+
+impl std::fmt::Display for PermitId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.iter().try_for_each(|b| write!(f, "{b:02x}"))
+    }
+}
+
+impl std::fmt::Debug for PermitId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PermitId({self})")
+    }
+}
+
+impl std::str::FromStr for PermitId {
+    type Err = Error;
+
+    fn from_str(text: &str) -> Result<PermitId> {
+        let bad =
+            || Error::InvalidArgument(format!("permit id {text:?} is not 32 hexadecimal digits"));
+        if text.len() != 32 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(bad());
+        }
+        let mut bytes = [0u8; 16];
+        for (i, byte) in bytes.iter_mut().enumerate() {
+            *byte = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
+        }
+        Ok(PermitId(bytes))
+    }
+}
+
+/// Redisson's `suffixName`: `{key}:suffix`, or `key:suffix` when the key has a `{`.
+fn suffix_name(key: &str, suffix: &str) -> String {
+    if key.contains('{') {
+        format!("{key}:{suffix}")
+    } else {
+        format!("{{{key}}}:{suffix}")
+    }
+}
+
+impl LeasedSemaphore {
+    pub(crate) fn new(client: Arc<ClientInner>, name: &str) -> LeasedSemaphore {
+        let mut named = Named::new(client, name);
+        let counter = named.key.clone();
+        let channel = prefix_name(CHANNEL_PREFIX, &counter).into();
+        named.key = suffix_name(&counter, "timeout").into();
+        LeasedSemaphore {
+            inner: Arc::new(Inner {
+                named,
+                counter,
+                channel,
+            }),
+            recheck: DEFAULT_RECHECK_INTERVAL,
+        }
+    }
+
+    /// The semaphore's name as given.
+    pub fn name(&self) -> &str {
+        &self.inner.named.name
+    }
+
+    /// The Redis key of the counter of free permits (the name after the client's key prefix).
+    pub fn key(&self) -> &str {
+        &self.inner.counter
+    }
+
+    /// The Redis key of the sorted set of taken permits (`{name}:timeout`).
+    pub fn timeout_key(&self) -> &str {
+        &self.inner.named.key
+    }
+
+    /// The channel its releases are announced on.
+    pub fn channel(&self) -> &str {
+        &self.inner.channel
+    }
+
+    /// This handle with parked waiters looking again by themselves at least every `every`
+    /// (instead of [`DEFAULT_RECHECK_INTERVAL`](crate::DEFAULT_RECHECK_INTERVAL)) when no
+    /// lease is due sooner. Refused with [`Error::InvalidArgument`] below 1 ms or above
+    /// [`MAX_RECHECK_INTERVAL`](crate::MAX_RECHECK_INTERVAL).
+    pub fn with_recheck_interval(&self, every: Duration) -> Result<LeasedSemaphore> {
+        Ok(LeasedSemaphore {
+            inner: self.inner.clone(),
+            recheck: check_recheck(every)?,
+        })
+    }
+
+    /// Takes a permit, waiting as long as it takes; the watchdog renews its lease until it is
+    /// released.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future takes no permit (see the type's documentation).
+    pub async fn acquire(&self) -> Result<LeasedPermit> {
+        let permit = self.take(None, Lease::Watchdog).await?;
+        Ok(permit.expect("waiting without a deadline ends only in a permit or an error"))
+    }
+
+    /// Takes a permit for a fixed `lease`, waiting as long as it takes. The lease is never
+    /// renewed: past it the permit goes back to the pool, and the permit reports
+    /// [`lost`](LeasedPermit::lost).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire`](Self::acquire).
+    pub async fn acquire_with_lease(&self, lease: Duration) -> Result<LeasedPermit> {
+        let lease = Lease::Fixed(lease_millis(lease)?);
+        let permit = self.take(None, lease).await?;
+        Ok(permit.expect("waiting without a deadline ends only in a permit or an error"))
+    }
+
+    /// One attempt, no waiting: `None` when no permit is free.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire`](Self::acquire).
+    pub async fn try_acquire(&self) -> Result<Option<LeasedPermit>> {
+        self.take(Some(Duration::ZERO), Lease::Watchdog).await
+    }
+
+    /// Waits up to `wait` for a permit (renewed by the watchdog): `None` when the wait ran
+    /// out. `Duration::MAX` waits forever; `Duration::ZERO` is
+    /// [`try_acquire`](Self::try_acquire).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire`](Self::acquire).
+    pub async fn try_acquire_for(&self, wait: Duration) -> Result<Option<LeasedPermit>> {
+        self.take(Some(wait), Lease::Watchdog).await
+    }
+
+    /// Waits up to `wait` for a permit taken for a fixed `lease` (never renewed).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire`](Self::acquire).
+    pub async fn try_acquire_with_lease(
+        &self,
+        wait: Duration,
+        lease: Duration,
+    ) -> Result<Option<LeasedPermit>> {
+        let lease = Lease::Fixed(lease_millis(lease)?);
+        self.take(Some(wait), lease).await
+    }
+
+    async fn take(&self, wait: Option<Duration>, lease: Lease) -> Result<Option<LeasedPermit>> {
+        let guard = crate::acquire::acquire(self, wait, lease).await?;
+        Ok(guard.map(|guard| LeasedPermit { guard }))
+    }
+
+    /// Releases the permit `id`, whoever took it (Redisson's `tryRelease(permitId)`): `true`
+    /// when it was held and is free now, `false` when there is no such permit or its lease
+    /// had already ended (a permit whose lease ended but that was not reclaimed yet is freed
+    /// all the same, as Redisson does). A [`LeasedPermit`] of this id reports
+    /// [`lost`](LeasedPermit::lost) once its client notices.
+    pub async fn release_id(&self, id: &PermitId) -> Result<bool> {
+        let named = &self.inner.named;
+        named.check()?;
+        let conn = &named.client.conn;
+        let call = self.inner.release(conn, &id.to_string(), 1, 0);
+        let reply = crate::acquire::bounded(call, conn)
+            .await
+            .map_err(|failed| failed.to_error(conn, &named.name))?;
+        Ok(reply.as_i64() == Some(0))
+    }
+
+    /// Sets the number of free permits to `permits` if the semaphore has none set yet (its
+    /// key is absent): `true` when set, `false` when it already existed. Waiters are told.
+    pub async fn try_set_permits(&self, permits: u32) -> Result<bool> {
+        let inner = &self.inner;
+        inner.named.check()?;
+        check_count(permits, "permits")?;
+        set_permits(&inner.named, &inner.counter, &inner.channel, permits).await
+    }
+
+    /// Adds `delta` free permits (a negative `delta` removes free ones; the count may go
+    /// below zero). Creates the semaphore if it has no count yet. Clears any expiry set on
+    /// the key, as Redisson does.
+    pub async fn add_permits(&self, delta: i64) -> Result<()> {
+        let inner = &self.inner;
+        inner.named.check()?;
+        add_permits(&inner.named, &inner.counter, &inner.channel, delta, "delta").await
+    }
+
+    /// The number of free permits now, after reclaiming every permit whose lease ended (0
+    /// when the semaphore has no count yet).
+    pub async fn available_permits(&self) -> Result<i64> {
+        Ok(self.state().await?.0)
+    }
+
+    /// The number of permits taken now (by anyone), after reclaiming every permit whose
+    /// lease ended.
+    pub async fn acquired_permits(&self) -> Result<u64> {
+        Ok(self.state().await?.1)
+    }
+
+    async fn state(&self) -> Result<(i64, u64)> {
+        let inner = &self.inner;
+        let named = &inner.named;
+        named.check()?;
+        let conn = &named.client.conn;
+        let keys = [&*inner.counter, &*named.key, &*inner.channel];
+        let (free, taken): (i64, i64) = conn
+            .eval(&STATE, &keys, vec![Value::from(conn.publish_command())])
+            .await
+            .map_err(|e| named.error(&e))?;
+        Ok((free, taken.max(0) as u64))
+    }
+}
+
+impl LeasedPermit {
+    /// The permit's id (as Redisson would show it: 32 hex digits).
+    pub fn id(&self) -> PermitId {
+        self.guard.extra()
+    }
+
+    /// Gives the permit back and wakes a waiter.
+    ///
+    /// Returns [`Error::NotHeld`] when the permit was lost meanwhile (its lease ended, it was
+    /// released by id, renewal failed): then nothing is sent. If Redis does not confirm the
+    /// release within the command timeout, the error is returned and the release goes on in
+    /// the background.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future finishes the release in the background.
+    pub async fn release(self) -> Result<()> {
+        self.guard.unlock().await
+    }
+
+    /// Resolves when the permit is lost. Never resolves while it is held.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only watches.
+    pub async fn lost(&self) {
+        self.guard.lost().await
+    }
+
+    /// Whether the permit is lost (by Redis's word or by the local clock).
+    pub fn is_lost(&self) -> bool {
+        self.guard.is_lost()
+    }
+
+    /// The semaphore this permit belongs to.
+    pub fn semaphore(&self) -> &LeasedSemaphore {
+        self.guard.lock()
+    }
+}
+
+impl std::fmt::Debug for LeasedPermit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeasedPermit")
+            .field("semaphore", &self.semaphore().name())
+            .field("id", &self.id())
+            .field("lost", &self.is_lost())
+            .finish()
+    }
+}
+
+impl Kind for LeasedSemaphore {
+    type Extra = PermitId;
+
+    fn named(&self) -> &Named {
+        &self.inner.named
+    }
+
+    fn explicit_owner(&self) -> Option<&Arc<str>> {
+        None
+    }
+
+    /// A new permit for each acquire: `<client id>:<random permit id in hex>`, so that the
+    /// holds registry knows the permit as this client's own (an acquire whose outcome is
+    /// unknown is settled by releasing the id).
+    fn field(&self, _owner: Arc<str>) -> Arc<str> {
+        format!("{}:{}", self.inner.named.client.id, PermitId::random()).into()
+    }
+
+    fn channel(&self, _field: &Arc<str>) -> (Arc<str>, Wake) {
+        (self.inner.channel.clone(), Wake::Permits)
+    }
+
+    fn acquire(&self, conn: &Conn, field: &str, lease_ms: i64, _waits: bool) -> Call {
+        let inner = &self.inner;
+        let args = vec![
+            Value::from(field),
+            Value::from(lease_ms),
+            Value::from(conn.publish_command()),
+        ];
+        let keys = [&*inner.counter, &*inner.named.key, &*inner.channel];
+        conn.call(&ACQUIRE, &keys, args)
+    }
+
+    fn decode(&self, reply: Value) -> Result<Reply<PermitId>> {
+        let malformed = || {
+            Error::Redis(format!(
+                "unexpected acquire reply for {:?}",
+                self.inner.named.name
+            ))
+        };
+        let Value::Array(parts) = reply else {
+            return Err(malformed());
+        };
+        let recheck_ms = self.recheck.as_millis() as u64;
+        match parts.first().and_then(Value::as_i64) {
+            Some(1) => {
+                let id = parts
+                    .get(2)
+                    .and_then(Value::as_string)
+                    .and_then(|hex| hex.parse().ok())
+                    .ok_or_else(malformed)?;
+                Ok(Reply::Acquired {
+                    count: 1,
+                    extra: id,
+                })
+            }
+            Some(0) => match parts.get(1).and_then(Value::as_i64) {
+                Some(ms) if ms > 0 => Ok(Reply::Held((ms as u64).min(recheck_ms))),
+                Some(_) => Ok(Reply::Held(recheck_ms)),
+                None => Err(malformed()),
+            },
+            _ => Err(malformed()),
+        }
+    }
+
+    fn ops(&self) -> Arc<dyn HoldOps> {
+        self.inner.clone()
+    }
+}
+
+impl HoldOps for Inner {
+    fn name(&self) -> &str {
+        &self.named.name
+    }
+
+    fn release(&self, conn: &Conn, field: &str, max: u32, keep: u32) -> Call {
+        let args = vec![
+            Value::from(field),
+            Value::from(i64::from(max)),
+            Value::from(i64::from(keep)),
+            Value::from(conn.publish_command()),
+        ];
+        let keys = [&*self.counter, &*self.named.key, &*self.channel];
+        conn.call(&RELEASE, &keys, args)
+    }
+
+    fn renewal(&self) -> Renewal {
+        &RENEW
+    }
+}
+
+impl std::fmt::Debug for LeasedSemaphore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeasedSemaphore")
+            .field("name", &self.inner.named.name)
+            .field("recheck", &self.recheck)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_follow_redisson() {
+        assert_eq!(suffix_name("gpu", "timeout"), "{gpu}:timeout");
+        assert_eq!(suffix_name("{a}:b", "timeout"), "{a}:b:timeout");
+    }
+
+    #[test]
+    fn permit_ids_print_and_parse_as_hex() {
+        let id = PermitId::from_bytes([
+            0x00, 0xff, 0x10, 0x80, 0x7f, 0xc3, 0x28, 0xa0, 1, 2, 3, 4, 5, 6, 7, 0xfe,
+        ]);
+        let text = id.to_string();
+        assert_eq!(text, "00ff10807fc328a001020304050607fe");
+        assert_eq!(text.parse::<PermitId>().unwrap(), id);
+        assert_eq!(text.to_uppercase().parse::<PermitId>().unwrap(), id);
+        let bads = [
+            String::new(),
+            "00ff".to_owned(),
+            "zz".repeat(16),
+            "é".repeat(16),
+            "+f".repeat(16),
+            "0".repeat(33),
+        ];
+        for bad in &bads {
+            assert!(matches!(
+                bad.parse::<PermitId>(),
+                Err(Error::InvalidArgument(_))
+            ));
+        }
+        assert_ne!(PermitId::random(), PermitId::random());
+    }
+}

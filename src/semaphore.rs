@@ -1,0 +1,495 @@
+//! [`Semaphore`]: Redisson's `RSemaphore` — a counter of free permits that any number of
+//! processes take from and give back to.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fred::interfaces::KeysInterface;
+use fred::types::Value;
+
+use crate::acquire::{bounded, wait_for, Attempts, Finish, Try};
+use crate::client::ClientInner;
+use crate::conn::{lua_script, Failed, LuaScript};
+use crate::hub::Wake;
+use crate::kinds::{prefix_name, Named};
+use crate::{Error, Result};
+
+lua_script!(ACQUIRE, "semaphore/acquire.lua");
+lua_script!(RELEASE, "semaphore/release.lua");
+lua_script!(SET_PERMITS, "semaphore/set_permits.lua");
+lua_script!(ADD_PERMITS, "semaphore/add_permits.lua");
+
+/// Scripts of the semaphores, loaded at connect.
+pub(crate) const SCRIPTS: &[&LuaScript] = &[&ACQUIRE, &RELEASE, &SET_PERMITS, &ADD_PERMITS];
+
+/// Prefix of a semaphore's channel (Redisson's `redisson_sc`), shared by both semaphores.
+pub(crate) const CHANNEL_PREFIX: &str = "redisson_sc";
+
+/// The most permits one call takes, gives back or sets: Redisson counts permits in a Java
+/// `int`, so a larger number could not be shared with it.
+pub const MAX_PERMITS: u32 = i32::MAX as u32;
+
+/// How long a semaphore waiter trusts the channel before it looks again by itself, unless
+/// set with [`Semaphore::with_recheck_interval`].
+pub const DEFAULT_RECHECK_INTERVAL: Duration = Duration::from_secs(5);
+
+/// The longest recheck interval accepted.
+pub const MAX_RECHECK_INTERVAL: Duration = Duration::from_secs(3600);
+
+/// A distributed counting semaphore: at most as many holders at once as it has permits.
+/// Made by [`Client::semaphore`](crate::Client::semaphore). Cheap to clone; `Send + Sync`.
+///
+/// # Permits are not owned
+///
+/// **A permit belongs to nobody.** Taking one decrements a counter in Redis; giving one
+/// back increments it — from any task, any process, whether or not it took one. Nothing
+/// records who holds what, so nothing can give back the permits of a holder that crashed,
+/// hung or forgot: **they are lost for good** (until someone calls
+/// [`add_permits`](Self::add_permits) or [`release`](Self::release) for them). And a
+/// [`release`](Self::release) by a caller that took nothing creates permits out of thin air.
+/// This is Redisson's `RSemaphore`, faithfully. When holders can die, use a
+/// [`LeasedSemaphore`](crate::LeasedSemaphore): its permits have ids and leases, and come
+/// back when their holder stops renewing them.
+///
+/// # Waiting
+///
+/// A waiter that finds too few permits subscribes to the semaphore's channel through the
+/// client's shared subscriber, looks once more, and parks. Every release publishes the new
+/// number of free permits; a message `n` wakes up to `n` of the waiters of each process
+/// (not one, not all), which each try again; there is no queue and no fairness, so a large
+/// request can starve behind small ones. Unlike Redisson's `acquire()`, which waits on
+/// pub/sub alone and hangs when a message is lost, a parked waiter also looks again by
+/// itself every [`DEFAULT_RECHECK_INTERVAL`] (5 s; see
+/// [`with_recheck_interval`](Self::with_recheck_interval)) and whenever the subscriber
+/// reconnected, so a lost message costs at most that long.
+///
+/// # Cancellation safety
+///
+/// Every acquiring method is cancellation safe: dropping its future leaves no permit taken
+/// and no subscription behind. An acquire round trip dropped in flight, or whose reply comes
+/// later than the command timeout, is finished in a spawned task, and the permits it took are
+/// given back at once. Only a connection that breaks with an acquire in flight leaves it
+/// unknown whether it took its permits; since a permit has no owner, they cannot be looked up
+/// and are not given back (giving back permits that were never taken would let too many
+/// holders in) — the call returns [`Error::Connection`].
+///
+/// # Wire format
+///
+/// Redisson's `RSemaphore`: the key (the name after the client's key prefix) is a string
+/// holding the number of free permits, absent until set; the channel is
+/// `redisson_sc:{name}`, and its messages are decimal permit counts: a release and
+/// [`add_permits`](Self::add_permits) publish the new count, and
+/// [`try_set_permits`](Self::try_set_permits) the count set. A count that is not positive is
+/// not published (Redisson would; it wakes nobody, and a negative one breaks its listeners).
+/// Java services using Redisson's `getSemaphore(name)` and Rust services share permits.
+///
+/// # Example
+///
+/// ```no_run
+/// # async fn run() -> redbaton::Result<()> {
+/// use std::time::Duration;
+/// let client = redbaton::Client::connect("redis://127.0.0.1:6379").await?;
+/// let crawlers = client.semaphore("crawler-slots");
+/// crawlers.try_set_permits(4).await?;     // once; false if already set
+///
+/// crawlers.acquire(1).await?;             // waits for a free permit
+/// // ... crawl; if this process dies here, the permit is lost for good ...
+/// crawlers.release(1).await?;
+///
+/// if crawlers.try_acquire_for(2, Duration::from_secs(1)).await? {
+///     crawlers.release(2).await?;
+/// }
+/// # client.shutdown().await }
+/// ```
+#[derive(Clone)]
+pub struct Semaphore {
+    inner: Arc<Inner>,
+    recheck: Duration,
+}
+
+struct Inner {
+    named: Named,
+    channel: Arc<str>,
+}
+
+impl Semaphore {
+    pub(crate) fn new(client: Arc<ClientInner>, name: &str) -> Semaphore {
+        let named = Named::new(client, name);
+        let channel = prefix_name(CHANNEL_PREFIX, &named.key).into();
+        Semaphore {
+            inner: Arc::new(Inner { named, channel }),
+            recheck: DEFAULT_RECHECK_INTERVAL,
+        }
+    }
+
+    /// The semaphore's name as given.
+    pub fn name(&self) -> &str {
+        &self.inner.named.name
+    }
+
+    /// The Redis key of the counter (the name after the client's key prefix).
+    pub fn key(&self) -> &str {
+        &self.inner.named.key
+    }
+
+    /// The channel its releases are announced on.
+    pub fn channel(&self) -> &str {
+        &self.inner.channel
+    }
+
+    /// This handle with parked waiters looking again by themselves every `every` (instead of
+    /// [`DEFAULT_RECHECK_INTERVAL`]), in case a message was lost or permits appeared without
+    /// one (a raw `SET`). Shorter costs Redis one script call per waiter per interval.
+    ///
+    /// Refused with [`Error::InvalidArgument`] below 1 ms or above [`MAX_RECHECK_INTERVAL`].
+    pub fn with_recheck_interval(&self, every: Duration) -> Result<Semaphore> {
+        Ok(Semaphore {
+            inner: self.inner.clone(),
+            recheck: check_recheck(every)?,
+        })
+    }
+
+    /// Sets the number of free permits to `permits` if the semaphore has none set yet (its
+    /// key is absent): `true` when set, `false` when it already existed. Waiters are told.
+    pub async fn try_set_permits(&self, permits: u32) -> Result<bool> {
+        let named = &self.inner.named;
+        named.check()?;
+        check_count(permits, "permits")?;
+        set_permits(named, &named.key, &self.inner.channel, permits).await
+    }
+
+    /// Adds `delta` free permits (a negative `delta` removes some; the count may go below
+    /// zero, and then acquires wait until releases bring it back up). Creates the semaphore if
+    /// it has no count yet. Clears any expiry set on the key, as Redisson does.
+    pub async fn add_permits(&self, delta: i64) -> Result<()> {
+        let named = &self.inner.named;
+        named.check()?;
+        add_permits(named, &named.key, &self.inner.channel, delta, "count").await
+    }
+
+    /// The number of free permits now (0 when the semaphore has no count yet; negative after
+    /// [`add_permits`](Self::add_permits) took more than there were).
+    pub async fn available_permits(&self) -> Result<i64> {
+        let named = &self.inner.named;
+        named.check()?;
+        let value: Option<String> = named
+            .client
+            .conn
+            .redis()
+            .get(&*named.key)
+            .await
+            .map_err(|e| named.error(&e))?;
+        parse_count(named, value)
+    }
+
+    /// Takes `permits` permits, waiting as long as it takes. `0` returns at once.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future takes no permit (see the type's documentation).
+    pub async fn acquire(&self, permits: u32) -> Result<()> {
+        let taken = self.take(permits, None).await?;
+        debug_assert!(
+            taken,
+            "waiting without a deadline ends only in permits or an error"
+        );
+        Ok(())
+    }
+
+    /// One attempt, no waiting: `true` when `permits` permits were taken. `0` is `true`
+    /// with no call to Redis, as in Redisson.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire`](Self::acquire).
+    pub async fn try_acquire(&self, permits: u32) -> Result<bool> {
+        self.take(permits, Some(Duration::ZERO)).await
+    }
+
+    /// Waits up to `wait` for `permits` permits: `true` when taken, `false` when the wait ran
+    /// out. `Duration::MAX` waits forever; `Duration::ZERO` is
+    /// [`try_acquire`](Self::try_acquire).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire`](Self::acquire).
+    pub async fn try_acquire_for(&self, permits: u32, wait: Duration) -> Result<bool> {
+        self.take(permits, Some(wait)).await
+    }
+
+    /// Gives `permits` permits back and wakes as many waiters. `0` does nothing.
+    ///
+    /// Anyone may release, whether or not it acquired: releasing more than was taken raises
+    /// the number of permits for good.
+    ///
+    /// # Cancel safety
+    ///
+    /// Once called, the release is carried out even if the future is dropped; an
+    /// [`Error::Timeout`] likewise does not mean it did not happen.
+    pub async fn release(&self, permits: u32) -> Result<()> {
+        let named = &self.inner.named;
+        named.check()?;
+        check_count(permits, "permits")?;
+        if permits == 0 {
+            return Ok(());
+        }
+        let conn = &named.client.conn;
+        Finish::new(give_back(self.inner.clone(), permits), conn)
+            .await
+            .map(drop)
+    }
+
+    async fn take(&self, permits: u32, wait: Option<Duration>) -> Result<bool> {
+        let named = &self.inner.named;
+        named.check()?;
+        check_count(permits, "permits")?;
+        if permits == 0 {
+            return Ok(true);
+        }
+        let attempts = SemaphoreAttempts {
+            inner: self.inner.clone(),
+            permits,
+            recheck_ms: self.recheck.as_millis() as u64,
+        };
+        let span = tracing::trace_span!("acquire", semaphore = %named.name, permits);
+        let taken = tracing::Instrument::instrument(wait_for(attempts, wait), span).await?;
+        Ok(taken.map(Taken::keep).is_some())
+    }
+}
+
+/// Refuses a number of permits Redisson could not hold.
+pub(crate) fn check_count(n: u32, what: &str) -> Result<()> {
+    if n > MAX_PERMITS {
+        return Err(Error::InvalidArgument(format!(
+            "{what} {n} is more than the {MAX_PERMITS} a semaphore counts"
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses a recheck interval out of range.
+pub(crate) fn check_recheck(every: Duration) -> Result<Duration> {
+    if every < Duration::from_millis(1) || every > MAX_RECHECK_INTERVAL {
+        return Err(Error::InvalidArgument(format!(
+            "recheck interval {every:?} is not between 1 ms and {MAX_RECHECK_INTERVAL:?}"
+        )));
+    }
+    Ok(every)
+}
+
+/// Reads a permit counter's value (absent: 0).
+pub(crate) fn parse_count(named: &Named, value: Option<String>) -> Result<i64> {
+    match value {
+        None => Ok(0),
+        Some(text) => text.parse().map_err(|_| Error::WrongType {
+            name: named.name.clone(),
+            detail: "the semaphore key holds a string that is not a permit count".to_owned(),
+        }),
+    }
+}
+
+/// `trySetPermits` on the counter `counter`, shared by both semaphores.
+pub(crate) async fn set_permits(
+    named: &Named,
+    counter: &str,
+    channel: &str,
+    permits: u32,
+) -> Result<bool> {
+    let conn = &named.client.conn;
+    let args = vec![
+        Value::from(i64::from(permits)),
+        Value::from(conn.publish_command()),
+    ];
+    let set: i64 = conn
+        .eval(&SET_PERMITS, &[counter, channel], args)
+        .await
+        .map_err(|e| named.error(&e))?;
+    Ok(set == 1)
+}
+
+/// `addPermits` on the counter `counter`, shared by both semaphores; `message` is `"count"`
+/// (the new count is published) or `"delta"`.
+pub(crate) async fn add_permits(
+    named: &Named,
+    counter: &str,
+    channel: &str,
+    delta: i64,
+    message: &'static str,
+) -> Result<()> {
+    if delta.unsigned_abs() > u64::from(MAX_PERMITS) {
+        return Err(Error::InvalidArgument(format!(
+            "delta {delta} is more than the {MAX_PERMITS} permits a semaphore counts at once"
+        )));
+    }
+    if delta == 0 {
+        return Ok(());
+    }
+    let conn = &named.client.conn;
+    let args = vec![
+        Value::from(delta),
+        Value::from(conn.publish_command()),
+        Value::from(message),
+    ];
+    // A counted call, never re-sent blind: a second run would add twice.
+    let call = conn.call(&ADD_PERMITS, &[counter, channel], args);
+    bounded(call, conn)
+        .await
+        .map(drop)
+        .map_err(|failed| failed.to_error(conn, &named.name))
+}
+
+/// Permits taken by an acquire round trip: given back when dropped unless kept — so a round
+/// trip whose caller left (dropped, timed out) gives its permits back.
+struct Taken {
+    inner: Arc<Inner>,
+    permits: u32,
+    kept: bool,
+}
+
+impl Taken {
+    fn keep(mut self) {
+        self.kept = true;
+    }
+}
+
+impl Drop for Taken {
+    fn drop(&mut self) {
+        if self.kept {
+            return;
+        }
+        let inner = self.inner.clone();
+        let permits = self.permits;
+        tracing::debug!(semaphore = %inner.named.name, permits, "an acquire took permits after its caller left; giving them back");
+        let runtime = inner.named.client.conn.runtime().clone();
+        runtime.spawn(async move {
+            if let Err(e) = give_back(inner.clone(), permits).await {
+                tracing::warn!(semaphore = %inner.named.name, permits, error = %e, "could not give back permits taken by an abandoned acquire");
+            }
+        });
+    }
+}
+
+/// Runs the release script: `permits` more free permits; the new count.
+async fn give_back(inner: Arc<Inner>, permits: u32) -> Result<i64> {
+    let named = &inner.named;
+    let conn = &named.client.conn;
+    let args = vec![
+        Value::from(i64::from(permits)),
+        Value::from(conn.publish_command()),
+    ];
+    let call = conn.call(&RELEASE, &[&named.key, &inner.channel], args);
+    match bounded(call, conn).await {
+        Ok(reply) => reply
+            .as_i64()
+            .ok_or_else(|| Error::Redis(format!("unexpected release reply for {:?}", named.name))),
+        Err(failed) => {
+            if let Failed::MaybeRan(_) = failed {
+                tracing::warn!(semaphore = %named.name, permits, "the connection broke with a release in flight: the permits may or may not be back");
+            }
+            Err(failed.to_error(conn, &named.name))
+        }
+    }
+}
+
+/// One waiter's attempts on a semaphore.
+struct SemaphoreAttempts {
+    inner: Arc<Inner>,
+    permits: u32,
+    recheck_ms: u64,
+}
+
+impl Attempts for SemaphoreAttempts {
+    type Output = Taken;
+
+    fn client(&self) -> &ClientInner {
+        &self.inner.named.client
+    }
+
+    fn name(&self) -> &str {
+        &self.inner.named.name
+    }
+
+    fn channel(&self) -> (Arc<str>, Arc<str>, Wake) {
+        (
+            self.inner.channel.clone(),
+            self.inner.named.key.clone(),
+            Wake::Permits,
+        )
+    }
+
+    fn attempt(&mut self) -> impl Future<Output = Result<Try<Taken>>> + Send {
+        let round_trip = take(self.inner.clone(), self.permits, self.recheck_ms);
+        Finish::new(round_trip, &self.inner.named.client.conn)
+    }
+}
+
+/// One acquire round trip.
+async fn take(inner: Arc<Inner>, permits: u32, recheck_ms: u64) -> Result<Try<Taken>> {
+    let named = &inner.named;
+    let conn = &named.client.conn;
+    let call = conn.call(
+        &ACQUIRE,
+        &[&named.key],
+        vec![Value::from(i64::from(permits))],
+    );
+    let reply = match bounded(call, conn).await {
+        Ok(reply) => reply,
+        Err(failed) => {
+            match &failed {
+                Failed::MaybeRan(_) => {
+                    tracing::warn!(semaphore = %named.name, permits, "the connection broke with an acquire in flight: its permits may be taken and cannot be given back");
+                }
+                // Taken on the primary only: it does not count; dropping them gives them back.
+                Failed::Unreplicated { reply, .. } if reply.as_i64() == Some(1) => drop(Taken {
+                    inner: inner.clone(),
+                    permits,
+                    kept: false,
+                }),
+                _ => {}
+            }
+            return Err(failed.to_error(conn, &named.name));
+        }
+    };
+    match reply.as_i64() {
+        Some(1) => Ok(Try::Got(Taken {
+            inner: inner.clone(),
+            permits,
+            kept: false,
+        })),
+        Some(0) => Ok(Try::Busy(recheck_ms)),
+        _ => Err(Error::Redis(format!(
+            "unexpected acquire reply for {:?}",
+            named.name
+        ))),
+    }
+}
+
+impl std::fmt::Debug for Semaphore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Semaphore")
+            .field("name", &self.inner.named.name)
+            .field("recheck", &self.recheck)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn channel_names_follow_redisson() {
+        assert_eq!(prefix_name(CHANNEL_PREFIX, "slots"), "redisson_sc:{slots}");
+        assert_eq!(prefix_name(CHANNEL_PREFIX, "{a}:b"), "redisson_sc:{a}:b");
+    }
+
+    #[test]
+    fn counts_and_intervals_are_checked() {
+        assert!(check_count(MAX_PERMITS, "permits").is_ok());
+        assert!(check_count(MAX_PERMITS + 1, "permits").is_err());
+        assert!(check_recheck(Duration::ZERO).is_err());
+        assert!(check_recheck(Duration::from_millis(1)).is_ok());
+        assert!(check_recheck(Duration::MAX).is_err());
+    }
+}

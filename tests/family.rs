@@ -1,0 +1,19 @@
+//! The lock family's conformance suite (tests/support/family.rs): every invariant of
+//! DESIGN.md that all lock kinds share, one test each, run against every kind. What is
+//! special to a kind is tested in its own file (tests/lock.rs, tests/fenced.rs, ...).
+//!
+//! Adding a kind: describe it in the catalog at the end of tests/support/family.rs, then add
+//! its line here.
+
+mod support;
+
+#[path = "support/family.rs"]
+mod family;
+
+use family::conformance;
+
+conformance!(lock, redbaton::Lock);
+conformance!(fenced_lock, redbaton::FencedLock);
+conformance!(read_lock, redbaton::ReadLock);
+conformance!(write_lock, redbaton::WriteLock);
+conformance!(fair_lock, redbaton::FairLock);
