@@ -225,15 +225,21 @@ async fn a_crashed_holders_permit_comes_back_after_its_lease() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_watchdog_keeps_a_permit_past_several_leases() {
     let server = RedisServer::start();
-    let holder = lease_client(&server.url(), Duration::from_millis(800)).await;
-    let other = client(&server.url()).await;
-    let sem = holder.leased_semaphore("renewed");
+    watchdog_keeps_a_permit(&server.url(), "renewed").await;
+}
+
+/// Holds one permit of `name` for five watchdog leases and checks, all along, that no other
+/// client sees it as free.
+async fn watchdog_keeps_a_permit(url: &str, name: &str) {
+    let holder = lease_client(url, Duration::from_millis(800)).await;
+    let other = client(url).await;
+    let sem = holder.leased_semaphore(name);
     sem.try_set_permits(1).await.unwrap();
     let permit = sem.acquire().await.unwrap();
     let start = Instant::now();
     while start.elapsed() < Duration::from_millis(4000) {
         // available_permits reclaims every permit whose lease ended: this one never has.
-        let watcher = other.leased_semaphore("renewed");
+        let watcher = other.leased_semaphore(name);
         assert_eq!(watcher.available_permits().await.unwrap(), 0);
         assert!(watcher.try_acquire().await.unwrap().is_none());
         assert!(!permit.is_lost());
@@ -348,16 +354,39 @@ async fn a_release_wakes_a_parked_waiter() {
     b.shutdown().await.unwrap();
 }
 
+const PERMITS: i64 = 3;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_most_n_permits_are_held_at_any_instant() {
-    const PERMITS: i64 = 3;
     let server = RedisServer::start();
+    at_most_n_holders(&server.url(), "contended").await;
+}
+
+/// On a 3-primary cluster, permits of names in different slots are renewed by the watchdog
+/// (its batches are per slot), and a contention run stays within N holders.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_permits_are_renewed_and_stay_within_n() {
+    let cluster = support::cluster::RedisCluster::start(3, 0);
+    let url = cluster.url();
+    let names = ["renewed-a", "renewed-b", "{tag}:renewed"];
+    let slots: std::collections::HashSet<u16> = names
+        .iter()
+        .map(|name| fred::util::redis_keyslot(name.as_bytes()))
+        .collect();
+    assert!(slots.len() > 1, "the names share a slot: vacuous");
+    futures::future::join_all(names.iter().map(|name| watchdog_keeps_a_permit(&url, name))).await;
+    at_most_n_holders(&url, "{tag}:contended").await;
+}
+
+/// Twelve tasks on three clients take and release permits of `name` (N = 3) 20 times each,
+/// in every acquire style; a history check proves no instant had more than N holders.
+async fn at_most_n_holders(url: &str, name: &str) {
     let mut clients = Vec::new();
     for _ in 0..3 {
-        clients.push(client(&server.url()).await);
+        clients.push(client(url).await);
     }
     clients[0]
-        .leased_semaphore("contended")
+        .leased_semaphore(name)
         .try_set_permits(PERMITS as u32)
         .await
         .unwrap();
@@ -366,7 +395,7 @@ async fn at_most_n_permits_are_held_at_any_instant() {
     let mut tasks = Vec::new();
     for client in &clients {
         for t in 0..4 {
-            let sem = client.leased_semaphore("contended");
+            let sem = client.leased_semaphore(name);
             let (history, in_use) = (history.clone(), in_use.clone());
             tasks.push(tokio::spawn(async move {
                 for round in 0..20 {
@@ -417,7 +446,7 @@ async fn at_most_n_permits_are_held_at_any_instant() {
         most = most.max(held);
     }
     assert_eq!(most, PERMITS, "never every permit at once: vacuous");
-    let sem = clients[0].leased_semaphore("contended");
+    let sem = clients[0].leased_semaphore(name);
     assert_eq!(sem.available_permits().await.unwrap(), PERMITS);
     assert_eq!(sem.acquired_permits().await.unwrap(), 0);
     for client in clients {
