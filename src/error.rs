@@ -15,6 +15,22 @@ pub enum Error {
         /// The lock's name.
         name: String,
     },
+    /// The lease was lost while a `run` ([`Guard::run`](crate::Guard::run),
+    /// [`Lock::run`](crate::Lock::run) and the other kinds' and guards' `run`) was running its
+    /// closure's future: a fixed lease ran out by the local clock, the lock was force-unlocked
+    /// or taken over (learnt at the watchdog's next renewal, every third of the lease), or the
+    /// watchdog could not renew it for a whole lease.
+    ///
+    /// The future was dropped at the await point it had reached — what it did before that
+    /// stays done — and this owner no longer holds the lock, so another may hold it now. The
+    /// loss may have happened on the server up to one renewal period before the client learnt
+    /// of it, and the future ran on meanwhile: work that must never overlap another holder's
+    /// also needs a fencing token ([`FencedLock`](crate::FencedLock)) checked where it writes.
+    #[error("the lease of lock {name:?} was lost; the work under it was cancelled")]
+    LeaseLost {
+        /// The lock's name (a multi-lock's: its parts' names, comma-separated).
+        name: String,
+    },
     /// The key exists but is not a lock: another Redis type, or a hash without the expiry
     /// every lock carries.
     #[error("key {name:?} is not a lock: {detail}")]

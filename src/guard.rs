@@ -1,5 +1,6 @@
 //! [`Guard`]: proof of one hold of a lock, released on drop.
 
+use std::future::Future;
 use std::sync::Arc;
 
 use tokio::time::Instant;
@@ -32,7 +33,7 @@ use crate::{Error, Result};
 /// }
 /// # Ok(()) }
 /// ```
-#[must_use = "dropping the guard releases the lock"]
+#[must_use = "dropping the guard releases the lock at once; bind it (`let _guard = ...`) for as long as the lock must be held"]
 pub struct Guard<K: Kind> {
     kind: K,
     hold: Hold,
@@ -90,7 +91,12 @@ impl<K: Kind> Guard<K> {
     ///
     /// # Cancel safety
     ///
-    /// Dropping the future finishes the release in the background.
+    /// Calling `unlock` gives the hold up whether or not its future is awaited to the end.
+    /// Dropped before its first poll, the future drops the guard, which releases the hold in
+    /// the background; dropped later, with the release round trip in flight, the round trip
+    /// is finished in a background task (the script may already have run on the server). No
+    /// outcome is lost, but a dropped caller does not learn of an error: it is logged at
+    /// `debug`, and the lease ends a hold that could not be released.
     pub async fn unlock(mut self) -> Result<()> {
         self.released = true;
         let conn = self.kind.named().client.conn.clone();
@@ -115,6 +121,60 @@ impl<K: Kind> Guard<K> {
         }
     }
 
+    /// Runs the future `f` makes while this hold lasts, and returns its output — or
+    /// [`Error::LeaseLost`] if the lease is lost first: the future is then dropped at the await
+    /// point it reached, so the work stops there. When the lease is already lost, `f` is not
+    /// called.
+    ///
+    /// This is the helper for a guard acquired in any way (a bounded wait, a fixed lease); a
+    /// lock's own `run` ([`Lock::run`](crate::Lock::run)) acquires and releases around it. The
+    /// guard is not released here: unlock it afterwards, and see its errors there.
+    ///
+    /// The future runs in the task awaiting `run` — it is not spawned, so it need not be
+    /// `Send` or `'static`, may borrow the guard (a fenced token, say), and an acquire of the
+    /// same lock inside it re-enters this hold, as any acquire in the owner's task does. A
+    /// loss is checked before each poll of the future, so a future that completes once the
+    /// loss is known is not reported as done. The client learns of a loss on the server only at
+    /// the next renewal, though (see [`Error::LeaseLost`]).
+    ///
+    /// ```no_run
+    /// # async fn example(lock: redbaton::Lock) -> redbaton::Result<()> {
+    /// use std::time::Duration;
+    /// # async fn rebuild_index() -> usize { 0 }
+    /// if let Some(guard) = lock.try_lock_for(Duration::from_secs(2)).await? {
+    ///     match guard.run(rebuild_index).await {
+    ///         Ok(entries) => println!("rebuilt {entries} entries"),
+    ///         Err(redbaton::Error::LeaseLost { .. }) => eprintln!("lease lost; rebuild cancelled"),
+    ///         Err(e) => return Err(e),
+    ///     }
+    ///     guard.unlock().await?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the `run` future drops `f`'s future at its current await point, as cancelling
+    /// any future does, and nothing else: the guard is untouched and still holds the lock.
+    pub async fn run<F, Fut, T>(&self, f: F) -> Result<T>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = T>,
+    {
+        until_lost(self.is_lost(), self.lost(), f, &self.kind.named().name).await
+    }
+
+    /// A lock's `run` once acquired: [`run`](Guard::run), then release.
+    pub(crate) async fn run_and_unlock<F, Fut, T>(self, f: F) -> Result<T>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let outcome = self.run(f).await;
+        let name = self.kind.named().name.clone();
+        release_after(outcome, self.unlock(), &name).await
+    }
+
     /// Whether the lease is lost (by Redis's word or by the local clock).
     pub fn is_lost(&self) -> bool {
         self.hold.expires.is_some_and(|at| Instant::now() >= at)
@@ -137,6 +197,54 @@ impl<K: Kind> Guard<K> {
     pub(crate) fn extra(&self) -> K::Extra {
         self.extra
     }
+}
+
+/// Runs `f`'s future until it completes or `lost` resolves (a guard's `run`). The loss is
+/// polled first, so work is not credited with a completion after the loss was known; `f` is
+/// not called at all when `already_lost`.
+pub(crate) async fn until_lost<F, Fut, T>(
+    already_lost: bool,
+    lost: impl Future<Output = ()>,
+    f: F,
+    name: &str,
+) -> Result<T>
+where
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = T>,
+{
+    let lease_lost = || Error::LeaseLost {
+        name: name.to_owned(),
+    };
+    if already_lost {
+        return Err(lease_lost());
+    }
+    let work = f();
+    tokio::select! {
+        biased;
+        () = lost => Err(lease_lost()),
+        value = work => Ok(value),
+    }
+}
+
+/// The end of a lock's `run`: awaits `unlock` (the guard's release) and returns `outcome`
+/// unchanged. A failed release is logged, not returned — the work is done, and its output
+/// must not be lost to a release error — and goes on in the background as `unlock`'s does.
+/// A hold already lost is logged at `debug` only: nothing was left to release.
+pub(crate) async fn release_after<T>(
+    outcome: Result<T>,
+    unlock: impl Future<Output = Result<()>>,
+    name: &str,
+) -> Result<T> {
+    match unlock.await {
+        Ok(()) => {}
+        Err(e @ Error::NotHeld { .. }) => {
+            tracing::debug!(lock = %name, error = %e, "run: the hold was lost before its release");
+        }
+        Err(e) => {
+            tracing::warn!(lock = %name, error = %e, "run: releasing the lock after the work failed; it goes on in the background or the lease ends it");
+        }
+    }
+    outcome
 }
 
 /// Releases one hold under the owner's turn.

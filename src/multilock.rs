@@ -1,11 +1,13 @@
 //! [`MultiLock`]: several locks taken all-or-nothing, and [`MultiLockGuard`], the guard it and
 //! [`RedLock`](crate::RedLock) hand out. See [`MultiLock`] for the semantics.
 
+use std::future::Future;
 use std::time::Duration;
 
 use futures::stream::{FuturesUnordered, StreamExt};
 use tokio::time::Instant;
 
+use crate::guard::{release_after, until_lost};
 use crate::{Error, Lock, LockGuard, Result};
 
 /// Several [`Lock`]s taken all-or-nothing and released together.
@@ -87,34 +89,88 @@ impl MultiLock {
 
     /// Acquires every part, waiting as long as it takes; each part's client watchdog keeps
     /// its lease.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future at any await point leaves no hold behind: the parts already taken
+    /// are guards, dropped with it, that release their locks in the background; the part
+    /// being acquired is left as a dropped [`Lock::lock`] leaves it (see its section); a
+    /// release of parts in flight (a busy part makes the others go) finishes in the
+    /// background as [`Guard::unlock`](crate::Guard::unlock)'s does.
+    #[must_use = "the guard holds the locks: dropping it at once releases them again"]
     pub async fn lock(&self) -> Result<MultiLockGuard> {
         let guard = self.acquire(None, None).await?;
         Ok(guard.expect("waiting without a deadline ends only in a guard or an error"))
     }
 
     /// Acquires every part for a fixed `lease` (never renewed), waiting as long as it takes.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`lock`](Self::lock)'s.
+    #[must_use = "the guard holds the locks: dropping it at once releases them again"]
     pub async fn lock_with_lease(&self, lease: Duration) -> Result<MultiLockGuard> {
         let guard = self.acquire(None, Some(lease)).await?;
         Ok(guard.expect("waiting without a deadline ends only in a guard or an error"))
     }
 
     /// One attempt on every part, no waiting: `None` when any part is held by another owner.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`lock`](Self::lock)'s.
+    #[must_use = "the guard holds the locks: dropping it at once releases them again"]
     pub async fn try_lock(&self) -> Result<Option<MultiLockGuard>> {
         self.acquire(Some(Duration::ZERO), None).await
     }
 
     /// Waits up to `wait` for all parts: `None` when the wait ran out (nothing is held then).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`lock`](Self::lock)'s.
+    #[must_use = "the guard holds the locks: dropping it at once releases them again"]
     pub async fn try_lock_for(&self, wait: Duration) -> Result<Option<MultiLockGuard>> {
         self.acquire(Some(wait), None).await
     }
 
     /// Waits up to `wait` for all parts, each taken for a fixed `lease` (never renewed).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`lock`](Self::lock)'s.
+    #[must_use = "the guard holds the locks: dropping it at once releases them again"]
     pub async fn try_lock_with_lease(
         &self,
         wait: Duration,
         lease: Duration,
     ) -> Result<Option<MultiLockGuard>> {
         self.acquire(Some(wait), Some(lease)).await
+    }
+
+    /// Acquires every part as [`lock`](Self::lock) does, runs the future `f` makes while
+    /// holding them, releases them and returns the future's output — or
+    /// [`Error::LeaseLost`] when the hold is lost first (any part lost, see
+    /// [`MultiLockGuard::lost`]): the future is then dropped at the await point it reached.
+    /// As [`Lock::run`], a failed release after the work is logged, not returned.
+    ///
+    /// ```no_run
+    /// # async fn example(both: redbaton::MultiLock) -> redbaton::Result<()> {
+    /// # async fn transfer() {}
+    /// both.run(transfer).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Lock::run`]'s: acquiring as [`lock`](Self::lock)'s, then the work's future and
+    /// the guard are dropped, which releases every part in the background.
+    pub async fn run<F, Fut, T>(&self, f: F) -> Result<T>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = T>,
+    {
+        self.lock().await?.run_and_unlock(f).await
     }
 
     fn description(&self) -> String {
@@ -272,7 +328,7 @@ pub(crate) async fn release_all(guards: Vec<LockGuard>) -> Vec<Result<()>> {
 /// It is *lost* when too few parts are still held — for a multi-lock any lost part, for a
 /// Redlock fewer than a majority — or, for a Redlock with a fixed lease, when its validity
 /// time ran out.
-#[must_use = "dropping the guard releases the locks"]
+#[must_use = "dropping the guard releases the locks at once; bind it (`let _guard = ...`) for as long as they must be held"]
 pub struct MultiLockGuard {
     guards: Vec<LockGuard>,
     /// How many parts must stay held.
@@ -343,6 +399,33 @@ impl MultiLockGuard {
             }
             None => parts_lost.await,
         }
+    }
+
+    /// Runs the future `f` makes while this hold lasts, and returns its output — or
+    /// [`Error::LeaseLost`] if the hold is lost first (see [`lost`](Self::lost)): the future
+    /// is then dropped at the await point it reached. As [`Guard::run`](crate::Guard::run):
+    /// the guard stays held; unlock it afterwards.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the `run` future drops `f`'s future and nothing else.
+    pub async fn run<F, Fut, T>(&self, f: F) -> Result<T>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = T>,
+    {
+        until_lost(self.is_lost(), self.lost(), f, &self.description).await
+    }
+
+    /// A multi-lock's or Redlock's `run` once acquired: [`run`](Self::run), then release.
+    pub(crate) async fn run_and_unlock<F, Fut, T>(self, f: F) -> Result<T>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let outcome = self.run(f).await;
+        let name = self.description.clone();
+        release_after(outcome, self.unlock(), &name).await
     }
 
     /// Releases every part (concurrently).

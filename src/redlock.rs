@@ -136,35 +136,88 @@ impl RedLock {
     }
 
     /// Acquires a majority, waiting as long as it takes; the watchdogs keep the leases.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future at any await point leaves no hold behind: the nodes' attempts in
+    /// flight are left as a dropped [`Lock::try_lock`] leaves them (see its section), the
+    /// parts already granted are guards, dropped with it, that release their locks in the
+    /// background, and between attempts nothing is held.
+    #[must_use = "the guard holds the lock: dropping it at once releases it again"]
     pub async fn lock(&self) -> Result<RedLockGuard> {
         let guard = self.acquire(None, None).await?;
         Ok(guard.expect("waiting without a deadline ends only in a guard or an error"))
     }
 
     /// Acquires a majority for a fixed `lease`, waiting as long as it takes.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`lock`](Self::lock)'s.
+    #[must_use = "the guard holds the lock: dropping it at once releases it again"]
     pub async fn lock_with_lease(&self, lease: Duration) -> Result<RedLockGuard> {
         let guard = self.acquire(None, Some(lease)).await?;
         Ok(guard.expect("waiting without a deadline ends only in a guard or an error"))
     }
 
     /// One attempt: `None` when no majority granted it in time.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`lock`](Self::lock)'s.
+    #[must_use = "the guard holds the lock: dropping it at once releases it again"]
     pub async fn try_lock(&self) -> Result<Option<RedLockGuard>> {
         self.acquire(Some(Duration::ZERO), None).await
     }
 
     /// Attempts until a majority grants it or `wait` runs out (`None`).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`lock`](Self::lock)'s.
+    #[must_use = "the guard holds the lock: dropping it at once releases it again"]
     pub async fn try_lock_for(&self, wait: Duration) -> Result<Option<RedLockGuard>> {
         self.acquire(Some(wait), None).await
     }
 
     /// Attempts for up to `wait`, each for a fixed `lease`; the guard is valid for at most
     /// `lease − elapsed − drift` after its attempt started.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`lock`](Self::lock)'s.
+    #[must_use = "the guard holds the lock: dropping it at once releases it again"]
     pub async fn try_lock_with_lease(
         &self,
         wait: Duration,
         lease: Duration,
     ) -> Result<Option<RedLockGuard>> {
         self.acquire(Some(wait), Some(lease)).await
+    }
+
+    /// Acquires a majority as [`lock`](Self::lock) does, runs the future `f` makes while
+    /// holding it, releases it and returns the future's output — or [`Error::LeaseLost`] when
+    /// the hold is lost first (fewer than a majority of parts still held, see
+    /// [`MultiLockGuard::lost`]): the future is then dropped at the await point it reached. As
+    /// [`Lock::run`], a failed release after the work is logged, not returned.
+    ///
+    /// ```no_run
+    /// # async fn example(redlock: redbaton::RedLock) -> redbaton::Result<()> {
+    /// # async fn rotate_keys() -> usize { 0 }
+    /// let rotated = redlock.run(rotate_keys).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Lock::run`]'s: acquiring as [`lock`](Self::lock)'s, then the work's future and
+    /// the guard are dropped, which releases every part in the background.
+    pub async fn run<F, Fut, T>(&self, f: F) -> Result<T>
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = T>,
+    {
+        self.lock().await?.run_and_unlock(f).await
     }
 
     fn check(&self) -> Result<()> {

@@ -218,7 +218,11 @@ pub(crate) fn lease_millis(lease: Duration) -> Result<i64> {
     Ok(lease.as_millis() as i64)
 }
 
-/// The five acquire methods every lock kind has, documented once.
+/// The acquire methods every lock kind has, and `run` on top of them, documented once.
+///
+/// The acquire methods are `#[must_use]`: a guard dropped at once releases the lock again.
+/// (The lint cannot see through `?` into an `Option`: `lock.try_lock().await?;` drops its
+/// guard without a warning.)
 macro_rules! acquire_methods {
     ($kind:ty) => {
         /// Acquires the lock, waiting as long as it takes; the watchdog keeps the lease until
@@ -226,7 +230,23 @@ macro_rules! acquire_methods {
         ///
         /// # Cancel safety
         ///
-        /// Dropping the future at any point leaves no hold and no subscription behind.
+        /// Dropping the future at any await point leaves no new hold of this owner and no
+        /// subscription behind, but it may take a moment to get there:
+        ///
+        /// - Dropped while parked (waiting for an unlock message), the waiter leaves the lock's
+        ///   channel — the client unsubscribes when it was the channel's last waiter — and a
+        ///   wake-up sent to it and not yet taken goes to the next waiter in this process.
+        /// - Dropped while an acquire round trip is in flight, the round trip is finished in a
+        ///   background task, since the script may run on the server anyway; a hold it took
+        ///   is released at once, and that release wakes the next waiter. Others may so see
+        ///   the lock held for about a round trip after the cancellation — for up to its lease
+        ///   if Redis cannot be reached at that moment (the watchdog never renews such a hold).
+        ///   A round trip that outlasts the command timeout is treated the same way, and the
+        ///   call returns [`Error::Timeout`]($crate::Error::Timeout).
+        /// - As with tokio's `Mutex::lock`, a dropped call loses its place: a kind that
+        ///   queues its waiters ([`FairLock`]($crate::FairLock)) removes the waiter's entry in
+        ///   the background, and a new call queues at the back.
+        #[must_use = "the guard holds the lock: dropping it at once releases the lock again"]
         pub async fn lock(&self) -> $crate::Result<$crate::Guard<$kind>> {
             let guard =
                 $crate::acquire::acquire(self, None, $crate::holds::Lease::Watchdog).await?;
@@ -239,7 +259,9 @@ macro_rules! acquire_methods {
         ///
         /// # Cancel safety
         ///
-        /// As [`lock`](Self::lock).
+        /// As [`lock`](Self::lock)'s: a hold a dropped call took is released at once in the
+        /// background, or ends with the fixed lease.
+        #[must_use = "the guard holds the lock: dropping it at once releases the lock again"]
         pub async fn lock_with_lease(
             &self,
             lease: std::time::Duration,
@@ -253,7 +275,9 @@ macro_rules! acquire_methods {
         ///
         /// # Cancel safety
         ///
-        /// As [`lock`](Self::lock).
+        /// As [`lock`](Self::lock)'s (it never parks, so only the round trip can be in
+        /// flight): a hold a dropped call took is released at once in the background.
+        #[must_use = "the guard holds the lock: dropping it at once releases the lock again"]
         pub async fn try_lock(&self) -> $crate::Result<Option<$crate::Guard<$kind>>> {
             $crate::acquire::acquire(
                 self,
@@ -268,7 +292,9 @@ macro_rules! acquire_methods {
         ///
         /// # Cancel safety
         ///
-        /// As [`lock`](Self::lock).
+        /// As [`lock`](Self::lock)'s. Running out of `wait` is not a cancellation: a round
+        /// trip in flight at the deadline is awaited, and its hold returned.
+        #[must_use = "the guard holds the lock: dropping it at once releases the lock again"]
         pub async fn try_lock_for(
             &self,
             wait: std::time::Duration,
@@ -280,7 +306,9 @@ macro_rules! acquire_methods {
         ///
         /// # Cancel safety
         ///
-        /// As [`lock`](Self::lock).
+        /// As [`lock_with_lease`](Self::lock_with_lease)'s and
+        /// [`try_lock_for`](Self::try_lock_for)'s.
+        #[must_use = "the guard holds the lock: dropping it at once releases the lock again"]
         pub async fn try_lock_with_lease(
             &self,
             wait: std::time::Duration,
@@ -288,6 +316,50 @@ macro_rules! acquire_methods {
         ) -> $crate::Result<Option<$crate::Guard<$kind>>> {
             let lease = $crate::holds::Lease::Fixed($crate::kinds::lease_millis(lease)?);
             $crate::acquire::acquire(self, Some(wait), lease).await
+        }
+
+        /// Acquires the lock as [`lock`](Self::lock) does, runs the future `f` makes while
+        /// holding it, releases the lock and returns the future's output.
+        ///
+        /// If the lease is lost before the future completes, the future is dropped at the
+        /// await point it reached, the work stops there, and `run` returns
+        /// [`Error::LeaseLost`]($crate::Error::LeaseLost). This is
+        /// [`Guard::run`]($crate::Guard::run) between `lock()` and
+        /// [`unlock()`]($crate::Guard::unlock); the future runs in the calling task, so an
+        /// acquire of this lock inside it re-enters.
+        ///
+        /// An acquire error is returned, and `f` is not called. A release that fails once the
+        /// future completed does not cost its output: the output is returned, the failure is
+        /// logged (at `warn`; at `debug` when the hold was already lost, so nothing was left
+        /// to release), and the release goes on as `unlock()`'s does — retried in the
+        /// background while Redis is unreachable, else left to the lease (the watchdog stops
+        /// renewing the hold either way); dropping a guard does the same. To see release
+        /// errors, to use the guard in the work (a fenced token), or to acquire another way
+        /// (a bounded wait, a fixed lease), acquire yourself, call `Guard::run` and unlock.
+        ///
+        /// ```no_run
+        #[doc = concat!("# async fn example(lock: redbaton::", stringify!($kind), ") -> redbaton::Result<()> {")]
+        /// # async fn settle_invoices() -> u32 { 0 }
+        /// match lock.run(|| async { settle_invoices().await }).await {
+        ///     Ok(settled) => println!("settled {settled} invoices"),
+        ///     Err(redbaton::Error::LeaseLost { .. }) => eprintln!("lease lost; stopped midway"),
+        ///     Err(e) => return Err(e),
+        /// }
+        /// # Ok(()) }
+        /// ```
+        ///
+        /// # Cancel safety
+        ///
+        /// Dropped while acquiring, as [`lock`](Self::lock)'s. Dropped while the work runs,
+        /// the work's future is dropped at its current await point and the guard with it,
+        /// which releases the lock in the background. Dropped while releasing, the release
+        /// finishes in the background, as [`unlock`]($crate::Guard::unlock)'s does.
+        pub async fn run<F, Fut, T>(&self, f: F) -> $crate::Result<T>
+        where
+            F: FnOnce() -> Fut,
+            Fut: std::future::Future<Output = T>,
+        {
+            self.lock().await?.run_and_unlock(f).await
         }
     };
 }

@@ -52,7 +52,14 @@ pub(crate) const UNLOCK_MESSAGE: &str = "0";
 /// lock held and no subscription behind. An acquire round trip dropped in flight — or one
 /// whose reply is later than the command timeout — is finished in a spawned task, and if it
 /// took the lock, the hold is released again at once. A waiter that was woken and then gives
-/// up hands its wake-up to the next waiter.
+/// up hands its wake-up to the next waiter. Each method's *Cancel safety* section says what
+/// happens at each of its await points.
+///
+/// # Work that must stop when the lock is lost
+///
+/// [`run`](Lock::run) holds the lock around an async closure and drops the closure's future
+/// as soon as the lease is known lost, returning [`Error::LeaseLost`](crate::Error::LeaseLost);
+/// [`Guard::run`](crate::Guard::run) does the same for a guard acquired another way.
 ///
 /// # Example
 ///
