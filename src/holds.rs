@@ -298,7 +298,7 @@ impl Holds {
             }),
             turn_free: Notify::new(),
             lost_notify: Notify::new(),
-            metrics: HoldMetrics::new(&self.metrics, ops.kind(), ops.name()),
+            metrics: HoldMetrics::new(&self.metrics, &**ops),
         })
     }
 
