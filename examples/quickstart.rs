@@ -5,44 +5,18 @@
 //! cargo run --example quickstart
 //! ```
 
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use redbaton::Client;
 
-fn start_private_redis() -> (Child, String) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port");
-    let child = Command::new("redis-server")
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-        .args(["--save", "", "--appendonly", "no"])
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("redis-server is not installed: apt-get install -y redis-server");
-    let start = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "redis-server did not start"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    (child, format!("redis://127.0.0.1:{port}"))
-}
+#[path = "common/redis.rs"]
+mod common;
 
 #[tokio::main]
 async fn main() -> redbaton::Result<()> {
-    let (mut server, url) = match std::env::var("REDIS_URL") {
-        Ok(url) => (None, url),
-        Err(_) => {
-            let (child, url) = start_private_redis();
-            (Some(child), url)
-        }
-    };
+    let redis = common::redis();
     let client = Client::builder()
-        .url(&url)
+        .url(&redis.url)
         .watchdog_lease(Duration::from_secs(3))
         .connect()
         .await?;
@@ -85,9 +59,5 @@ async fn main() -> redbaton::Result<()> {
     println!("force_unlock -> guard.is_lost() = {}", guard.is_lost());
 
     client.shutdown().await?;
-    if let Some(server) = server.as_mut() {
-        let _ = server.kill();
-        let _ = server.wait();
-    }
     Ok(())
 }

@@ -25,9 +25,10 @@ use tokio::time::{Instant, Sleep};
 use crate::client::ClientInner;
 use crate::conn::{Call, Conn, Failed};
 use crate::guard::Guard;
-use crate::holds::{HoldOps, Lease, Turn, Waiting};
+use crate::holds::{HoldOps, Lease, Loss, Turn, Waiting};
 use crate::hub::Wake;
 use crate::kinds::{Kind, Reply};
+use crate::metrics;
 use crate::{Error, Result};
 
 /// How long a parked waiter pauses before retrying after a connection error or timeout.
@@ -54,6 +55,9 @@ pub(crate) trait Attempts: Send {
 
     /// The lock's name, for logs.
     fn name(&self) -> &str;
+
+    /// The lock's kind, as metrics label it.
+    fn kind(&self) -> &'static str;
 
     /// The channel to listen on, the key the waiter waits for, and the channel's rule.
     fn channel(&self) -> (Arc<str>, Arc<str>, Wake);
@@ -100,10 +104,22 @@ pub(crate) async fn acquire<K: Kind>(
     tracing::Instrument::instrument(wait_for(attempts, wait), span).await
 }
 
-/// The wait loop.
+/// The wait loop, recorded in metrics.
 pub(crate) async fn wait_for<A: Attempts>(
     attempts: A,
     wait: Option<Duration>,
+) -> Result<Option<A::Output>> {
+    let client_metrics = attempts.client().holds.metrics();
+    let mut recording = metrics::Acquire::start(client_metrics, attempts.kind(), attempts.name());
+    let outcome = wait_loop(attempts, wait, &mut recording).await;
+    recording.finish(&outcome);
+    outcome
+}
+
+async fn wait_loop<A: Attempts>(
+    attempts: A,
+    wait: Option<Duration>,
+    recording: &mut metrics::Acquire,
 ) -> Result<Option<A::Output>> {
     let start = Instant::now();
     // Instant + Duration::MAX would overflow: such a wait has no deadline.
@@ -144,6 +160,7 @@ pub(crate) async fn wait_for<A: Attempts>(
     }
 
     let subscription = hub.subscribe(&channel_name, &group_key, wake);
+    recording.waiting(&group_key);
     let skip_recheck = early
         .as_ref()
         .is_some_and(|ch| Arc::ptr_eq(ch, subscription.channel()))
@@ -173,7 +190,11 @@ pub(crate) async fn wait_for<A: Attempts>(
     loop {
         if recheck {
             generation.borrow_and_update();
-            match armed.attempts.attempt().await {
+            let tried = armed.attempts.attempt().await;
+            if woken {
+                recording.woken(matches!(tried, Ok(Try::Got(_))));
+            }
+            match tried {
                 Ok(Try::Got(output)) => {
                     if woken {
                         tracing::debug!(lock = %armed.attempts.name(), waited = ?start.elapsed(), "acquired after wake-up");
@@ -267,6 +288,10 @@ impl<K: Kind> Attempts for LockAttempts<K> {
 
     fn name(&self) -> &str {
         &self.kind.named().name
+    }
+
+    fn kind(&self) -> &'static str {
+        K::KIND
     }
 
     fn channel(&self) -> (Arc<str>, Arc<str>, Wake) {
@@ -386,7 +411,7 @@ fn settled(turn: &Turn, keep: u32, reply: &Value) {
     let remaining = reply.as_i64().unwrap_or(-1);
     tracing::info!(key = %entry.key, owner = %entry.field, keep, remaining, "settled a call of unknown outcome");
     if keep > 0 && remaining < i64::from(keep) {
-        turn.lose("the owner's count fell below its guards");
+        turn.lose(Loss::CountFell);
     }
 }
 

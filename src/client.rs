@@ -10,9 +10,10 @@ use fred::types::config::TcpConfig;
 use crate::acquire::bounded;
 use crate::config::{redact_url, Builder, Config};
 use crate::conn::Conn;
-use crate::holds::Holds;
+use crate::holds::{Holds, Loss};
 use crate::hub::Hub;
 use crate::kinds::{fair, fenced, reentrant, rwlock};
+use crate::metrics::ClientMetrics;
 use crate::watchdog::Watchdog;
 use crate::{Error, Lock, Result};
 
@@ -267,7 +268,8 @@ impl Client {
             };
 
         let id: Arc<str> = uuid::Uuid::new_v4().to_string().into();
-        let holds = Holds::new(id.clone(), config.watchdog_lease);
+        let metrics = ClientMetrics::new(config.metrics_label_names);
+        let holds = Holds::new(id.clone(), config.watchdog_lease, metrics);
         let watchdog = Watchdog::start(conn.clone(), holds.clone());
         let inner = Arc::new(ClientInner {
             id,
@@ -367,7 +369,7 @@ impl Client {
                 .holds
                 .turn(&entry.key, &entry.field, &entry.ops, deadline)
                 .await?;
-            let guards = turn.end("client shut down");
+            let guards = turn.end(Loss::ShutDown);
             if guards == 0 {
                 return None;
             }

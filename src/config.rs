@@ -122,6 +122,11 @@ pub struct Config {
     /// Whether lock scripts wait for replicas (see [`ReplicaSync`]; default
     /// [`ReplicaSync::Auto`]).
     pub replica_sync: ReplicaSync,
+    /// With the `metrics` feature: whether metrics carry the lock's name as a `name` label
+    /// (default `false`). Each name becomes a time series of its own for the life of the
+    /// process, so turn it on only for a small, fixed set of names. Without the feature it has
+    /// no effect.
+    pub metrics_label_names: bool,
 }
 
 impl Config {
@@ -138,6 +143,7 @@ impl Config {
             tls_ca_file: None,
             fair_lock_wait: DEFAULT_FAIR_LOCK_WAIT,
             replica_sync: ReplicaSync::Auto,
+            metrics_label_names: false,
         }
     }
 
@@ -197,6 +203,7 @@ impl fmt::Debug for Config {
             .field("tls_ca_file", &self.tls_ca_file)
             .field("fair_lock_wait", &self.fair_lock_wait)
             .field("replica_sync", &self.replica_sync)
+            .field("metrics_label_names", &self.metrics_label_names)
             .finish()
     }
 }
@@ -300,6 +307,13 @@ impl Builder {
     /// Whether lock scripts wait for replicas (default [`ReplicaSync::Auto`]).
     pub fn replica_sync(mut self, sync: ReplicaSync) -> Self {
         self.config.replica_sync = sync;
+        self
+    }
+
+    /// With the `metrics` feature: label metrics with lock names (default off; see
+    /// [`Config::metrics_label_names`]).
+    pub fn metrics_label_names(mut self, label: bool) -> Self {
+        self.config.metrics_label_names = label;
         self
     }
 

@@ -331,6 +331,7 @@ impl Conn {
                 Err(e) if is_noscript(&e) && !reloaded => {
                     reloaded = true;
                     tracing::debug!("script cache lost; loading the script again");
+                    crate::metrics::script_reloaded();
                     script.load(&self.redis).await?;
                 }
                 Err(e) if (is_redirect(&e) || is_rewrite(&e)) && resends < REDIRECT_RESENDS => {
@@ -382,6 +383,7 @@ impl Conn {
                     Err(e) if is_noscript(&e) && !reloaded => {
                         reloaded = true;
                         tracing::debug!("script cache lost; loading the script again");
+                        crate::metrics::script_reloaded();
                         script.load(&redis).await.map_err(classify)?;
                     }
                     // Redirected, so not run: the slot's new owner gets it.

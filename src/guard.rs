@@ -7,7 +7,7 @@ use tokio::time::Instant;
 
 use crate::acquire::{bounded, settle, Finish};
 use crate::conn::{Conn, Failed};
-use crate::holds::{Entry, Lease, Registered, Turn};
+use crate::holds::{Entry, Lease, Loss, Registered, Turn};
 use crate::kinds::Kind;
 use crate::owner::Owner;
 use crate::{Error, Result};
@@ -259,19 +259,22 @@ async fn release<K: Kind>(kind: K, hold: Hold) -> Result<()> {
     };
     // Forgotten first, so no renewal can outlive the release. A lost hold must not run the
     // script: the same owner may have taken the lock again, and it would release that.
-    if turn.forget_guard(hold.generation, hold.lease).is_none() {
+    let Some(guards_left) = turn.forget_guard(hold.generation, hold.lease) else {
         if conn.is_closed() {
             return Err(Error::ShutDown);
         }
         return Err(Error::NotHeld {
             name: named.name.clone(),
         });
+    };
+    if guards_left == 0 {
+        // The hand-off latency of a waiter of this client starts here.
+        client.holds.metrics().released(&named.key);
     }
     match bounded(ops.release(conn, &hold.field, 1, 0), conn).await {
         Ok(reply) => match reply.as_i64() {
             Some(-1) => {
-                hold.entry
-                    .mark_lost(hold.generation, "unlock found the lock gone");
+                hold.entry.mark_lost(hold.generation, Loss::UnlockFoundGone);
                 Err(Error::NotHeld {
                     name: named.name.clone(),
                 })

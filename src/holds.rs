@@ -29,6 +29,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::conn::{Call, Conn, LuaScript};
+use crate::metrics::{ClientMetrics, HoldMetrics};
 
 /// How a hold's lease is kept.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -62,11 +63,53 @@ pub(crate) type Renewal = &'static LuaScript;
 pub trait HoldOps: Send + Sync + 'static {
     /// The lock's name, for errors and logs.
     fn name(&self) -> &str;
+    /// The kind of lock, as metrics label it (see [`crate::metrics`]).
+    fn kind(&self) -> &'static str;
     /// Releases up to `max` holds of `field`, keeping at least `keep`: the release script.
     /// Its reply is `-1` (not held), `0` (released) or the owner's remaining count.
     fn release(&self, conn: &Conn, field: &str, max: u32, keep: u32) -> Call;
     /// How the watchdog renews this kind's holds.
     fn renewal(&self) -> Renewal;
+}
+
+/// Why a hold was lost: logged, and counted by cause in metrics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Loss {
+    /// A renewal found the hold gone from Redis.
+    RenewalFoundGone,
+    /// An unlock found it gone.
+    UnlockFoundGone,
+    /// A settle found the owner's count below what its guards account for.
+    CountFell,
+    /// Not renewed within its lease by the local clock.
+    Expired,
+    /// The same owner took the lock afresh: the hold was lost unnoticed.
+    Replaced,
+    /// The client shut down.
+    ShutDown,
+}
+
+impl Loss {
+    fn why(self) -> &'static str {
+        match self {
+            Loss::RenewalFoundGone => "renewal found the lock gone",
+            Loss::UnlockFoundGone => "unlock found the lock gone",
+            Loss::CountFell => "the owner's count fell below its guards",
+            Loss::Expired => "not renewed within its lease",
+            Loss::Replaced => "the lock was taken afresh by the same owner",
+            Loss::ShutDown => "client shut down",
+        }
+    }
+
+    /// The `cause` label of `redbaton_leases_lost_total`.
+    fn cause(self) -> &'static str {
+        match self {
+            Loss::RenewalFoundGone | Loss::UnlockFoundGone | Loss::CountFell => "gone",
+            Loss::Expired => "expired",
+            Loss::Replaced => "replaced",
+            Loss::ShutDown => "shutdown",
+        }
+    }
 }
 
 /// The registry of one client.
@@ -79,6 +122,7 @@ pub(crate) struct Holds {
     waiting: AtomicU64,
     /// Notified when `waiting` drops to zero.
     none_waiting: Notify,
+    metrics: ClientMetrics,
 }
 
 /// A waiter, or its undo under way (the fair lock's place in the queue), counted until
@@ -109,6 +153,7 @@ pub(crate) struct Entry {
     turn_free: Notify,
     /// Wakes guards when the hold is lost.
     lost_notify: Notify,
+    metrics: HoldMetrics,
 }
 
 struct State {
@@ -130,14 +175,24 @@ struct State {
 static NEXT_GENERATION: AtomicU64 = AtomicU64::new(1);
 
 impl Holds {
-    pub(crate) fn new(client_id: Arc<str>, watchdog_lease: Duration) -> Arc<Holds> {
+    pub(crate) fn new(
+        client_id: Arc<str>,
+        watchdog_lease: Duration,
+        metrics: ClientMetrics,
+    ) -> Arc<Holds> {
         Arc::new(Holds {
             map: DashMap::new(),
             client_id,
             watchdog_lease,
             waiting: AtomicU64::new(0),
             none_waiting: Notify::new(),
+            metrics,
         })
+    }
+
+    /// The client's metrics.
+    pub(crate) fn metrics(&self) -> &ClientMetrics {
+        &self.metrics
     }
 
     /// Counts a waiter until the returned mark is dropped.
@@ -243,6 +298,7 @@ impl Holds {
             }),
             turn_free: Notify::new(),
             lost_notify: Notify::new(),
+            metrics: HoldMetrics::new(&self.metrics, &**ops),
         })
     }
 
@@ -296,7 +352,7 @@ impl Holds {
             })
             .collect();
         for (entry, generation) in overdue {
-            entry.mark_lost(generation, "not renewed within its lease");
+            entry.mark_lost(generation, Loss::Expired);
         }
     }
 
@@ -351,6 +407,11 @@ impl State {
     fn live(&self, generation: u64) -> bool {
         self.generation == generation && !self.lost && Instant::now() < self.valid_until
     }
+
+    /// Whether the hold counts in the `held_locks` gauge: guards registered, not marked lost.
+    fn held(&self) -> bool {
+        self.guards > 0 && !self.lost
+    }
 }
 
 impl Entry {
@@ -381,24 +442,44 @@ impl Entry {
     }
 
     /// Marks the hold of `generation` lost (a no-op for an older generation).
-    pub(crate) fn mark_lost(&self, generation: u64, why: &str) {
-        {
+    pub(crate) fn mark_lost(&self, generation: u64, loss: Loss) {
+        let (was_held, counts) = {
             let mut state = self.state.lock();
             if state.generation != generation || state.lost {
                 return;
             }
+            let was_held = state.held();
             state.lost = true;
+            // A generation without guards was released already (a renewal in flight found
+            // it gone), except for the one an unlock is releasing right now.
+            (was_held, state.guards > 0 || loss == Loss::UnlockFoundGone)
+        };
+        self.metrics.held(was_held, false);
+        if counts {
+            self.metrics.lost(loss.cause());
         }
-        tracing::warn!(key = %self.key, owner = %self.field, why, "lock lease lost");
+        tracing::warn!(key = %self.key, owner = %self.field, why = loss.why(), "lock lease lost");
         self.lost_notify.notify_waiters();
     }
 
     /// A renewal sent at `sent_at` found the hold of `generation` still held.
     pub(crate) fn renewed(&self, generation: u64, sent_at: Instant, lease: Duration) {
-        let mut state = self.state.lock();
-        if state.generation == generation && !state.lost {
-            state.valid_until = state.valid_until.max(sent_at + lease);
+        let renewed = {
+            let mut state = self.state.lock();
+            let renewed = state.generation == generation && !state.lost;
+            if renewed {
+                state.valid_until = state.valid_until.max(sent_at + lease);
+            }
+            renewed
+        };
+        if renewed {
+            self.metrics.renewed();
         }
+    }
+
+    /// A renewal of this hold extended nothing, for `reason` (a metrics label).
+    pub(crate) fn renewal_failed(&self, reason: &'static str) {
+        self.metrics.renewal_failed(reason);
     }
 
     /// Whether only this client writes the entry's field.
@@ -434,8 +515,9 @@ impl Turn {
             .unwrap_or_else(|| far_future(sent_at));
         let entry = &self.entry;
         let mut stale = None;
-        let generation = {
+        let (generation, was_held) = {
             let mut state = entry.state.lock();
+            let was_held = state.held();
             let live = state.live(state.generation);
             if count <= 1 || !live {
                 // A fresh hold: whatever was registered before is over, even if nobody had
@@ -452,9 +534,11 @@ impl Turn {
             state.guards += 1;
             state.watchdog_guards += u32::from(lease == Lease::Watchdog);
             state.valid_until = state.valid_until.max(until);
-            state.generation
+            (state.generation, was_held)
         };
+        entry.metrics.held(was_held, true);
         if let Some(old) = stale {
+            entry.metrics.lost(Loss::Replaced.cause());
             tracing::warn!(key = %entry.key, owner = %entry.field, generation = old, "lock lease lost: the lock was taken afresh by the same owner");
             entry.lost_notify.notify_waiters();
         }
@@ -477,8 +561,7 @@ impl Turn {
             }
             state.generation
         };
-        self.entry
-            .mark_lost(generation, "the lock was taken afresh by the same owner");
+        self.entry.mark_lost(generation, Loss::Replaced);
     }
 
     /// Forgets one guard of `generation` before its release is sent, so no renewal can
@@ -489,11 +572,16 @@ impl Turn {
         if state.generation != generation {
             return None;
         }
+        let was_held = state.held();
         state.guards = state.guards.saturating_sub(1);
         if lease == Lease::Watchdog {
             state.watchdog_guards = state.watchdog_guards.saturating_sub(1);
         }
-        state.live(generation).then_some(state.guards)
+        let left = state.live(generation).then_some(state.guards);
+        let held = state.held();
+        drop(state);
+        self.entry.metrics.held(was_held, held);
+        left
     }
 
     /// How many holds this client accounts for on the entry (its live guards).
@@ -507,18 +595,18 @@ impl Turn {
     }
 
     /// Marks the current hold lost.
-    pub(crate) fn lose(&self, why: &str) {
+    pub(crate) fn lose(&self, loss: Loss) {
         let generation = self.entry.state.lock().generation;
-        self.entry.mark_lost(generation, why);
+        self.entry.mark_lost(generation, loss);
     }
 
     /// The guards registered now, and marks the hold lost (client shutdown).
-    pub(crate) fn end(&self, why: &str) -> u32 {
+    pub(crate) fn end(&self, loss: Loss) -> u32 {
         let (generation, guards) = {
             let state = self.entry.state.lock();
             (state.generation, state.guards)
         };
-        self.entry.mark_lost(generation, why);
+        self.entry.mark_lost(generation, loss);
         guards
     }
 }

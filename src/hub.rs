@@ -536,6 +536,7 @@ async fn apply_ops(
             }
             event = reconnects.recv() => match event {
                 Ok(_) | Err(RecvError::Lagged(_)) => {
+                    crate::metrics::subscriber_reconnected();
                     // Until resubscribed, no channel is known to be live.
                     hub.channels().iter().for_each(|c| c.set_confirmed(false));
                     retry_at = (!resubscribe(&hub).await)
@@ -623,6 +624,7 @@ async fn resubscribe(hub: &Hub) -> bool {
             }
         }
     }
+    crate::metrics::resubscribed(confirmed);
     // Messages published while disconnected are gone: every waiter re-checks.
     hub.wake_all();
     confirmed

@@ -413,6 +413,7 @@ impl std::fmt::Debug for LeasedPermit {
 }
 
 impl Kind for LeasedSemaphore {
+    const KIND: &'static str = "leased_semaphore";
     type Extra = PermitId;
 
     fn named(&self) -> &Named {
@@ -485,6 +486,10 @@ impl Kind for LeasedSemaphore {
 impl HoldOps for Inner {
     fn name(&self) -> &str {
         &self.named.name
+    }
+
+    fn kind(&self) -> &'static str {
+        LeasedSemaphore::KIND
     }
 
     fn release(&self, conn: &Conn, field: &str, max: u32, keep: u32) -> Call {

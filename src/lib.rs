@@ -26,6 +26,7 @@
 //! leases, and [`Config`] for settings.
 
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod acquire;
 mod client;
@@ -37,6 +38,11 @@ mod holds;
 mod hub;
 mod kinds;
 mod leased_semaphore;
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub mod metrics;
+#[cfg(not(feature = "metrics"))]
+mod metrics;
 mod multilock;
 mod owner;
 mod redlock;

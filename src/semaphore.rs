@@ -410,6 +410,10 @@ impl Attempts for SemaphoreAttempts {
         &self.inner.named.name
     }
 
+    fn kind(&self) -> &'static str {
+        "semaphore"
+    }
+
     fn channel(&self) -> (Arc<str>, Arc<str>, Wake) {
         (
             self.inner.channel.clone(),

@@ -17,7 +17,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::conn::{Ack, Conn};
-use crate::holds::{Holds, Renewable};
+use crate::holds::{Holds, Loss, Renewable};
 
 /// Holds renewed per script call.
 const BATCH: usize = 100;
@@ -88,16 +88,24 @@ impl Watchdog {
                     for (hold, held) in chunk.iter().zip(held) {
                         if held != 1 {
                             hold.entry
-                                .mark_lost(hold.generation, "renewal found the lock gone");
+                                .mark_lost(hold.generation, Loss::RenewalFoundGone);
                         } else if hold.lease_ms > 0 && counts {
                             hold.entry.renewed(hold.generation, sent_at, lease);
+                        } else if hold.lease_ms > 0 {
+                            hold.entry.renewal_failed("not_replicated");
                         }
                     }
                     tracing::trace!(holds = chunk.len(), "renewed");
                 }
                 // Holds stay: the next round retries, and expiry ends any hold that stays
                 // unrenewed for a whole lease.
-                Err(e) => tracing::warn!(holds = chunk.len(), error = %e, "lease renewal failed"),
+                Err(e) => {
+                    tracing::warn!(holds = chunk.len(), error = %e, "lease renewal failed");
+                    chunk
+                        .iter()
+                        .filter(|h| h.lease_ms > 0)
+                        .for_each(|h| h.entry.renewal_failed("error"));
+                }
             }
         }
     }

@@ -124,7 +124,7 @@ pub type FairGuard = Guard<FairLock>;
 impl FairLock {
     pub(crate) fn new(client: Arc<ClientInner>, name: &str) -> FairLock {
         let wait_ms = client.config.fair_lock_wait.as_millis() as i64;
-        let hash = HashLock::new(client, name);
+        let hash = HashLock::new(client, name, Self::KIND);
         let queue = prefix_name(QUEUE_PREFIX, &hash.named.key).into();
         let timeouts = prefix_name(TIMEOUT_PREFIX, &hash.named.key).into();
         FairLock {
@@ -272,6 +272,7 @@ impl Inner {
 }
 
 impl Kind for FairLock {
+    const KIND: &'static str = "fair_lock";
     type Extra = ();
 
     fn named(&self) -> &Named {
@@ -356,6 +357,10 @@ impl Kind for FairLock {
 impl HoldOps for Inner {
     fn name(&self) -> &str {
         &self.hash.named.name
+    }
+
+    fn kind(&self) -> &'static str {
+        self.hash.kind
     }
 
     fn release(&self, conn: &Conn, field: &str, max: u32, keep: u32) -> Call {

@@ -74,7 +74,7 @@ pub type FencedGuard = Guard<FencedLock>;
 
 impl FencedLock {
     pub(crate) fn new(client: Arc<ClientInner>, name: &str) -> FencedLock {
-        let hash = HashLock::new(client, name);
+        let hash = HashLock::new(client, name, Self::KIND);
         let token_key = prefix_name(TOKEN_PREFIX, &hash.named.key).into();
         FencedLock {
             inner: Arc::new(Inner {
@@ -118,6 +118,7 @@ impl Guard<FencedLock> {
 }
 
 impl Kind for FencedLock {
+    const KIND: &'static str = "fenced_lock";
     type Extra = u64;
 
     fn named(&self) -> &Named {

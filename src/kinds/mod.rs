@@ -121,6 +121,9 @@ pub enum Reply<E> {
 ///
 /// A kind is a cheap handle (`Clone`): the lock's [`Named`] plus an optional explicit owner.
 pub trait Kind: Clone + Send + Sync + 'static {
+    /// The kind's `kind` label in metrics (see [`crate::metrics`]).
+    const KIND: &'static str;
+
     /// What a guard of this kind carries besides its hold (`()`, or the fenced lock's token).
     type Extra: Copy + Send + Sync + std::fmt::Debug + 'static;
 

@@ -92,13 +92,19 @@ pub struct Lock {
 pub(crate) struct HashLock {
     pub(crate) named: Named,
     pub(crate) channel: Arc<str>,
+    /// The kind that made it, as metrics label its holds.
+    pub(crate) kind: &'static str,
 }
 
 impl HashLock {
-    pub(crate) fn new(client: Arc<ClientInner>, name: &str) -> HashLock {
+    pub(crate) fn new(client: Arc<ClientInner>, name: &str, kind: &'static str) -> HashLock {
         let named = Named::new(client, name);
         let channel = prefix_name(CHANNEL_PREFIX, &named.key).into();
-        HashLock { named, channel }
+        HashLock {
+            named,
+            channel,
+            kind,
+        }
     }
 
     /// The reentry count of `owner` (the current task when `None`).
@@ -252,7 +258,7 @@ pub(crate) use hash_lock_methods;
 impl Lock {
     pub(crate) fn new(client: Arc<ClientInner>, name: &str) -> Lock {
         Lock {
-            inner: Arc::new(HashLock::new(client, name)),
+            inner: Arc::new(HashLock::new(client, name, Self::KIND)),
             owner: None,
         }
     }
@@ -266,6 +272,7 @@ impl Lock {
 }
 
 impl Kind for Lock {
+    const KIND: &'static str = "lock";
     type Extra = ();
 
     fn named(&self) -> &Named {
@@ -297,6 +304,10 @@ impl Kind for Lock {
 impl HoldOps for HashLock {
     fn name(&self) -> &str {
         &self.named.name
+    }
+
+    fn kind(&self) -> &'static str {
+        self.kind
     }
 
     fn release(&self, conn: &Conn, field: &str, max: u32, keep: u32) -> Call {

@@ -394,6 +394,7 @@ impl WriteLock {
 }
 
 impl Kind for ReadLock {
+    const KIND: &'static str = "read_lock";
     type Extra = ();
 
     fn named(&self) -> &Named {
@@ -429,6 +430,7 @@ impl Kind for ReadLock {
 }
 
 impl Kind for WriteLock {
+    const KIND: &'static str = "write_lock";
     type Extra = ();
 
     fn named(&self) -> &Named {
@@ -486,6 +488,10 @@ impl HoldOps for ReadHalf {
         &self.0.named.name
     }
 
+    fn kind(&self) -> &'static str {
+        ReadLock::KIND
+    }
+
     fn release(&self, conn: &Conn, field: &str, max: u32, keep: u32) -> Call {
         let base = &self.0;
         let prefix = base.timeout_prefix(field);
@@ -513,6 +519,10 @@ impl HoldOps for ReadHalf {
 impl HoldOps for WriteHalf {
     fn name(&self) -> &str {
         &self.0.named.name
+    }
+
+    fn kind(&self) -> &'static str {
+        WriteLock::KIND
     }
 
     fn release(&self, conn: &Conn, field: &str, max: u32, keep: u32) -> Call {
