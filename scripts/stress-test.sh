@@ -28,6 +28,7 @@ logs=target/stress
 mkdir -p "$logs"
 
 bash scripts/install-redis.sh
+bash scripts/install-node.sh   # node-redisson for tests/interop.rs, as scripts/test.sh does
 
 # Build once; the build is not a run.
 echo "building the tests..."
