@@ -7,3 +7,5 @@ bash scripts/install-redis.sh
 bash scripts/install-node.sh
 cargo test --no-fail-fast --lib --bins --tests --examples "$@"
 cargo test --doc
+# The `metrics` feature's own tests (exact counters, gauges and histograms).
+cargo test --features metrics --test metrics
