@@ -129,7 +129,7 @@ impl Opts {
     fn runs(&self, scenario: &str) -> bool {
         self.only
             .as_ref()
-            .map_or(true, |o| o.iter().any(|s| s == scenario))
+            .is_none_or(|o| o.iter().any(|s| s == scenario))
     }
 }
 

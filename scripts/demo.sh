@@ -5,5 +5,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-redis.sh
-cargo build --release --bin redbaton
+cargo build --release -p redbaton-cli --bin redbaton
 exec target/release/redbaton demo "$@"

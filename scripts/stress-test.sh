@@ -23,7 +23,7 @@ if [[ $runs -lt 1 ]]; then
 fi
 busy=${STRESS_BUSY:-2}
 run_timeout=${STRESS_RUN_TIMEOUT:-1800}
-targets=(--lib --bins --tests --examples)
+targets=(--workspace --lib --bins --tests --examples)
 logs=target/stress
 mkdir -p "$logs"
 

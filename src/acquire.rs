@@ -148,7 +148,7 @@ async fn wait_loop<A: Attempts>(
             return Ok(Some(output));
         }
         Ok(Try::Busy(pttl)) => pttl,
-        Err(e @ Error::NotReplicated { .. }) if !deadline.is_some_and(|d| Instant::now() >= d) => {
+        Err(e @ Error::NotReplicated { .. }) if deadline.is_none_or(|d| Instant::now() < d) => {
             tracing::debug!(lock = %armed.attempts.name(), error = %e, "not replicated; retrying");
             unreplicated = Some(e);
             RETRY_AFTER_ERROR_MS

@@ -88,6 +88,7 @@ fn fred_builder(config: &Config) -> Result<FredBuilder> {
             SCHEMES.join(", ")
         )));
     }
+    #[cfg_attr(not(feature = "tls"), allow(unused_mut))] // only the CA file changes it
     let mut fred_config = FredConfig::from_url(&config.url).map_err(|e| {
         Error::InvalidArgument(format!(
             "bad Redis URL {}: {}",
@@ -95,6 +96,7 @@ fn fred_builder(config: &Config) -> Result<FredBuilder> {
             e.details()
         ))
     })?;
+    #[cfg(feature = "tls")]
     if let Some(ca_file) = &config.tls_ca_file {
         if fred_config.tls.is_none() {
             return Err(Error::InvalidArgument(format!(
@@ -103,6 +105,15 @@ fn fred_builder(config: &Config) -> Result<FredBuilder> {
             )));
         }
         fred_config.tls = Some(tls_trusting(ca_file)?.into());
+    }
+    // Without a TLS implementation fred would only log a warning and talk plain text to a
+    // server the user asked to reach over TLS.
+    #[cfg(not(feature = "tls"))]
+    if fred_uses_tls(&config.url) {
+        return Err(Error::InvalidArgument(format!(
+            "{} asks for TLS, but redbaton was built without its `tls` feature",
+            redact_url(&config.url)
+        )));
     }
     let mut builder = FredBuilder::from_config(fred_config);
     let command_timeout = config.command_timeout;
@@ -146,6 +157,7 @@ fn fred_uses_tls(url: &str) -> bool {
 }
 
 /// A rustls connector that trusts only the certificates in the PEM file `ca_file`.
+#[cfg(feature = "tls")]
 fn tls_trusting(ca_file: &std::path::Path) -> Result<fred::types::config::TlsConnector> {
     use fred::rustls;
     use rustls::pki_types::pem::PemObject;
@@ -415,5 +427,39 @@ impl std::fmt::Debug for Client {
             .field("id", &self.inner.id)
             .field("config", &self.inner.config)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// With the `tls` feature a TLS URL gets a TLS configuration.
+    #[cfg(feature = "tls")]
+    #[test]
+    fn tls_urls_are_accepted_with_the_tls_feature() {
+        for url in ["rediss://127.0.0.1:6380", "rediss-cluster://127.0.0.1:6380"] {
+            assert!(fred_builder(&Config::new(url)).is_ok(), "{url}");
+        }
+    }
+
+    /// Without it a TLS URL is refused instead of being reached in plain text.
+    #[cfg(not(feature = "tls"))]
+    #[test]
+    fn tls_urls_are_refused_without_the_tls_feature() {
+        for url in [
+            "rediss://:pw@127.0.0.1:6380",
+            "rediss-cluster://127.0.0.1:6380",
+            "valkeys://127.0.0.1:6380",
+        ] {
+            match fred_builder(&Config::new(url)) {
+                Err(Error::InvalidArgument(message)) => {
+                    assert!(message.contains("`tls` feature"), "{message}");
+                    assert!(!message.contains("pw"), "password shown: {message}");
+                }
+                other => panic!("{url}: {:?}", other.map(|_| ())),
+            }
+        }
+        assert!(fred_builder(&Config::new("redis://127.0.0.1:6379")).is_ok());
     }
 }

@@ -92,8 +92,8 @@ pub const AUTO_REPLICA_TIMEOUT: Duration = Duration::from_secs(1);
 #[derive(Clone)]
 #[non_exhaustive]
 pub struct Config {
-    /// A fred URL: `redis://`, `rediss://` (TLS), `redis-cluster://`, `redis-sentinel://`,
-    /// with optional `user:password@`.
+    /// A fred URL: `redis://`, `rediss://` (TLS: needs the `tls` feature, on by default),
+    /// `redis-cluster://`, `redis-sentinel://`, with optional `user:password@`.
     pub url: String,
     /// The lease of locks taken without an explicit one; renewed every third of it.
     pub watchdog_lease: Duration,
@@ -118,6 +118,8 @@ pub struct Config {
     /// for Redis is the usual case); when `None`, it trusts the system's root certificates
     /// (which `SSL_CERT_FILE`/`SSL_CERT_DIR` can also point elsewhere). Setting it for a URL
     /// without TLS is refused.
+    #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
     pub tls_ca_file: Option<std::path::PathBuf>,
     /// Whether lock scripts wait for replicas (see [`ReplicaSync`]; default
     /// [`ReplicaSync::Auto`]).
@@ -140,6 +142,7 @@ impl Config {
             connect_timeout: Duration::from_secs(5),
             reconnect_max_delay: Duration::from_secs(2),
             pubsub: PubSubMode::Classic,
+            #[cfg(feature = "tls")]
             tls_ca_file: None,
             fair_lock_wait: DEFAULT_FAIR_LOCK_WAIT,
             replica_sync: ReplicaSync::Auto,
@@ -192,16 +195,17 @@ impl Default for Config {
 
 impl fmt::Debug for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Config")
-            .field("url", &self.redacted_url())
+        let mut d = f.debug_struct("Config");
+        d.field("url", &self.redacted_url())
             .field("watchdog_lease", &self.watchdog_lease)
             .field("key_prefix", &self.key_prefix)
             .field("command_timeout", &self.command_timeout)
             .field("connect_timeout", &self.connect_timeout)
             .field("reconnect_max_delay", &self.reconnect_max_delay)
-            .field("pubsub", &self.pubsub)
-            .field("tls_ca_file", &self.tls_ca_file)
-            .field("fair_lock_wait", &self.fair_lock_wait)
+            .field("pubsub", &self.pubsub);
+        #[cfg(feature = "tls")]
+        d.field("tls_ca_file", &self.tls_ca_file);
+        d.field("fair_lock_wait", &self.fair_lock_wait)
             .field("replica_sync", &self.replica_sync)
             .field("metrics_label_names", &self.metrics_label_names)
             .finish()
@@ -292,6 +296,8 @@ impl Builder {
 
     /// Trust only the CA certificate(s) in this PEM file for `rediss://` (see
     /// [`Config::tls_ca_file`]).
+    #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
     pub fn tls_ca_file(mut self, path: impl Into<std::path::PathBuf>) -> Self {
         self.config.tls_ca_file = Some(path.into());
         self

@@ -116,6 +116,7 @@ impl Error {
             // was not sent. Kind `Unknown` in fred 10.1, but transient like any I/O error.
             return Error::Connection(format!("not connected: {details}"));
         }
+        let connection = || Error::Connection(format!("{:?}: {details}", err.kind()));
         match err.kind() {
             ErrorKind::Timeout => Error::Timeout(timeout),
             ErrorKind::Auth => Error::Auth(details.to_owned()),
@@ -124,8 +125,10 @@ impl Error {
             | ErrorKind::Routing
             | ErrorKind::Cluster
             | ErrorKind::Sentinel
-            | ErrorKind::Tls
-            | ErrorKind::Protocol => Error::Connection(format!("{:?}: {details}", err.kind())),
+            | ErrorKind::Protocol => connection(),
+            // fred has this kind only when it is built with a TLS implementation.
+            #[cfg(feature = "tls")]
+            ErrorKind::Tls => connection(),
             ErrorKind::Config | ErrorKind::Url | ErrorKind::InvalidArgument => {
                 Error::InvalidArgument(details.to_owned())
             }

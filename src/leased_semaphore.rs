@@ -23,7 +23,7 @@ lua_script!(RENEW, "semaphore/leased_renew.lua");
 lua_script!(STATE, "semaphore/leased_state.lua");
 
 /// Scripts of the leased semaphore, loaded at connect.
-pub(crate) const SCRIPTS: &[&LuaScript] = &[&ACQUIRE, &RELEASE, &RENEW, &STATE];
+pub(crate) static SCRIPTS: &[&LuaScript] = &[&ACQUIRE, &RELEASE, &RENEW, &STATE];
 
 /// A distributed semaphore whose permits have **ids and leases**: at most as many holders at
 /// once as it has permits, and a holder that crashes gives its permit back when its lease

@@ -24,6 +24,12 @@
 //!
 //! See [`Lock`] for the semantics and cancellation safety, [`LockGuard`] for release and lost
 //! leases, and [`Config`] for settings.
+//!
+//! ## Features
+//!
+//! - `tls` (default): `rediss://` URLs and `Config::tls_ca_file`, through rustls with the
+//!   ring provider. Without it a TLS URL is refused with [`Error::InvalidArgument`] rather
+//!   than reached in plain text.
 
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]

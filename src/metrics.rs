@@ -35,6 +35,7 @@
 //! (a third of the watchdog lease) marks it lost.
 //!
 //! ```no_run
+//! # #[cfg(feature = "metrics")]
 //! # async fn run() -> redbaton::Result<()> {
 //! // Any recorder: metrics-exporter-prometheus, metrics-util's DebuggingRecorder, …
 //! // (installed with `metrics::set_global_recorder` or the exporter's own `install`).

@@ -21,7 +21,7 @@ lua_script!(SET_PERMITS, "semaphore/set_permits.lua");
 lua_script!(ADD_PERMITS, "semaphore/add_permits.lua");
 
 /// Scripts of the semaphores, loaded at connect.
-pub(crate) const SCRIPTS: &[&LuaScript] = &[&ACQUIRE, &RELEASE, &SET_PERMITS, &ADD_PERMITS];
+pub(crate) static SCRIPTS: &[&LuaScript] = &[&ACQUIRE, &RELEASE, &SET_PERMITS, &ADD_PERMITS];
 
 /// Prefix of a semaphore's channel (Redisson's `redisson_sc`), shared by both semaphores.
 pub(crate) const CHANNEL_PREFIX: &str = "redisson_sc";

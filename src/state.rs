@@ -12,7 +12,7 @@ use crate::{Error, Lock, PubSubMode, Result};
 lua_script!(STATE, "lock/state.lua");
 
 /// Scripts of this module, loaded at connect.
-pub(crate) const SCRIPTS: &[&LuaScript] = &[&STATE];
+pub(crate) static SCRIPTS: &[&LuaScript] = &[&STATE];
 
 /// A lock's owners, remaining lease and waiting subscribers, read at one moment.
 ///

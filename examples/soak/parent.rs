@@ -964,7 +964,7 @@ fn print_summary(s: &Summary) {
         let mut waits: Vec<u64> = s
             .records
             .iter()
-            .filter(|r| r.wait_ns > 0 && proxied.map_or(true, |p| r.proxied == p))
+            .filter(|r| r.wait_ns > 0 && proxied.is_none_or(|p| r.proxied == p))
             .map(|r| r.wait_ns)
             .collect();
         waits.sort_unstable();

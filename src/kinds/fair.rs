@@ -20,7 +20,7 @@ lua_script!(GIVE_UP, "fair/give_up.lua");
 lua_script!(FORCE_UNLOCK, "fair/force_unlock.lua");
 
 /// Scripts of this kind, loaded at connect (renewal is the plain lock's).
-pub(crate) const SCRIPTS: &[&LuaScript] = &[&ACQUIRE, &RELEASE, &GIVE_UP, &FORCE_UNLOCK];
+pub(crate) static SCRIPTS: &[&LuaScript] = &[&ACQUIRE, &RELEASE, &GIVE_UP, &FORCE_UNLOCK];
 
 /// Prefix of the queue list's key (Redisson's `redisson_lock_queue`).
 const QUEUE_PREFIX: &str = "redisson_lock_queue";

@@ -16,7 +16,7 @@ use crate::{Guard, Result};
 lua_script!(ACQUIRE, "fenced/acquire.lua");
 
 /// Scripts of this kind, loaded at connect.
-pub(crate) const SCRIPTS: &[&LuaScript] = &[&ACQUIRE];
+pub(crate) static SCRIPTS: &[&LuaScript] = &[&ACQUIRE];
 
 /// Prefix of the token counter's key (Redisson's `redisson_lock_token`).
 const TOKEN_PREFIX: &str = "redisson_lock_token";

@@ -336,7 +336,8 @@ impl std::fmt::Debug for Lock {
 }
 
 /// Scripts of this kind, loaded at connect.
-pub(crate) const SCRIPTS: &[&crate::conn::LuaScript] = &[&ACQUIRE, &RELEASE, &FORCE_UNLOCK, &RENEW];
+pub(crate) static SCRIPTS: &[&crate::conn::LuaScript] =
+    &[&ACQUIRE, &RELEASE, &FORCE_UNLOCK, &RENEW];
 
 #[cfg(test)]
 mod tests {

@@ -40,7 +40,7 @@ lua_script!(FORCE_UNLOCK, "rwlock/force_unlock.lua");
 lua_script!(STATE, "rwlock/state.lua");
 
 /// Scripts of this kind, loaded at connect (the write renewal is the RLock's).
-pub(crate) const SCRIPTS: &[&LuaScript] = &[
+pub(crate) static SCRIPTS: &[&LuaScript] = &[
     &READ_ACQUIRE,
     &READ_RELEASE,
     &READ_RENEW,

@@ -70,7 +70,7 @@ pub fn judge_history(name: &str, sections: &[&Section]) -> Verdict {
                 ));
             }
         }
-        if last.map_or(true, |prev| s.end > prev.end) {
+        if last.is_none_or(|prev| s.end > prev.end) {
             last = Some(s);
         }
     }

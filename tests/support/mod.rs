@@ -241,7 +241,6 @@ where
 pub mod cluster;
 pub mod proxy;
 pub mod sentinel;
-pub mod tls;
 
 /// Runs a raw command (`CLIENT PAUSE`, `SCRIPT FLUSH`, ...) and returns its reply.
 pub async fn command(raw: &fred::clients::Client, name: &'static str, args: Vec<String>) -> Value {

@@ -29,7 +29,7 @@ impl TestCerts {
         let dir = std::env::temp_dir().join(format!(
             "redbaton-tls-{}-{tag}-{}",
             std::process::id(),
-            super::free_port()
+            crate::support::free_port()
         ));
         std::fs::create_dir_all(&dir).unwrap();
         let ec = [

@@ -1,8 +1,10 @@
 //! The `redbaton` binary as users run it: real processes against a real redis-server.
 //! Exit statuses, exclusion across processes, lost leases, signals, re-entry, status, demo.
 
-#[path = "support/cli.rs"]
 mod cli_support;
+// The library's test support (real redis-server processes, the fault proxy), shared by path
+// rather than copied.
+#[path = "../../tests/support/mod.rs"]
 mod support;
 
 use std::process::{Command, Stdio};
