@@ -1,6 +1,8 @@
 //! What replica sync costs: the uncontended lock+unlock cycle and the one-waiter hand-off,
 //! with one replica attached, `ReplicaSync::Off` against `ReplicaSync::Auto` (which then
-//! sends `WAIT 1` behind every lock script), measured in the same run, interleaved.
+//! sends `WAIT 1` behind every lock script), measured in the same run, interleaved. A floor
+//! row does the same with no lock library: `SET`+`DEL` on one fred connection, each alone or
+//! pipelined with `WAIT 1` — what any client pays for two acknowledged writes.
 //!
 //! ```sh
 //! cargo bench --bench replica_sync                 # 3 runs
@@ -16,6 +18,8 @@ mod support;
 
 use std::time::{Duration, Instant};
 
+use fred::interfaces::ClientLike;
+use fred::types::{CustomCommand, Value};
 use redbaton::{Client, ReplicaSync};
 use support::cluster::cli;
 use support::RedisServer;
@@ -49,6 +53,63 @@ async fn cycles(client: &Client, name: &str, iters: usize) -> Vec<f64> {
         let t = Instant::now();
         let guard = lock.lock().await.unwrap();
         guard.unlock().await.unwrap();
+        out.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    out
+}
+
+/// A bare fred connection with TCP_NODELAY, as redbaton's command connection has.
+async fn bare(url: &str) -> fred::clients::Client {
+    let config = fred::prelude::Config::from_url(url).expect("url");
+    let client = fred::prelude::Builder::from_config(config)
+        .with_connection_config(|c| {
+            c.tcp = fred::types::config::TcpConfig {
+                nodelay: Some(true),
+                ..Default::default()
+            };
+        })
+        .build()
+        .expect("fred client");
+    client.init().await.expect("connect");
+    client
+}
+
+/// One command on `redis`, followed in the same pipeline by `WAIT 1 5000` when `sync`.
+async fn write(redis: &fred::clients::Client, name: &'static str, args: Vec<Value>, sync: bool) {
+    let command = redis.custom::<Value, Value>(CustomCommand::new_static(name, None, false), args);
+    if sync {
+        let wait = redis.custom::<Value, Value>(
+            CustomCommand::new_static("WAIT", None, false),
+            vec![Value::from(1), Value::from(5000)],
+        );
+        // Joined in this order: both are enqueued back to back on the one connection.
+        let (reply, acked) = tokio::join!(command, wait);
+        reply.expect("write");
+        assert_eq!(
+            acked.expect("WAIT").as_i64(),
+            Some(1),
+            "the replica acknowledges"
+        );
+    } else {
+        command.await.expect("write");
+    }
+}
+
+/// Microseconds per `SET key v PX 30000` + `DEL key`, `iters` times: the floor of a cycle.
+async fn floor_cycles(redis: &fred::clients::Client, sync: bool, iters: usize) -> Vec<f64> {
+    let set = || {
+        vec![
+            Value::from("bench:floor"),
+            Value::from("v"),
+            Value::from("PX"),
+            Value::from(30_000),
+        ]
+    };
+    let mut out = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        let t = Instant::now();
+        write(redis, "SET", set(), sync).await;
+        write(redis, "DEL", vec![Value::from("bench:floor")], sync).await;
         out.push(t.elapsed().as_secs_f64() * 1e6);
     }
     out
@@ -98,6 +159,7 @@ async fn main() {
     let url = primary.url();
     let off = client(&url, ReplicaSync::Off).await;
     let on = client(&url, ReplicaSync::Auto).await;
+    let floor = bare(&url).await;
     // Warm up both (scripts loaded, Auto has seen the replica).
     cycles(&off, "warm", 100).await;
     cycles(&on, "warm", 100).await;
@@ -122,12 +184,14 @@ async fn main() {
          hand-offs per mode, in {blocks} alternating blocks; one replica attached"
     );
     println!();
-    println!("| run | cycle off (µs) | cycle on (µs) | ratio | hand-off off (µs) | hand-off on (µs) | ratio |");
-    println!("|---|---|---|---|---|---|---|");
+    println!("| run | cycle off (µs) | cycle on (µs) | ratio | hand-off off (µs) | hand-off on (µs) | ratio | floor off (µs) | floor on (µs) | ratio |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     let mut cycle_ratios = Vec::new();
     let mut handoff_ratios = Vec::new();
+    let mut floor_ratios = Vec::new();
     for run in 1..=runs {
         let (mut c_off, mut c_on, mut h_off, mut h_on) = (vec![], vec![], vec![], vec![]);
+        let (mut f_off, mut f_on) = (vec![], vec![]);
         for block in 0..blocks {
             // Alternate which mode goes first.
             let order: [(&Client, bool); 2] = if block % 2 == 0 {
@@ -138,22 +202,28 @@ async fn main() {
             for (client, is_on) in order {
                 let c = cycles(client, "bench:cycle", iters / blocks).await;
                 let h = handoffs(client, "bench:handoff", n_handoffs / blocks).await;
+                let f = floor_cycles(&floor, is_on, iters / blocks).await;
                 if is_on {
                     c_on.extend(c);
                     h_on.extend(h);
+                    f_on.extend(f);
                 } else {
                     c_off.extend(c);
                     h_off.extend(h);
+                    f_off.extend(f);
                 }
             }
         }
         let (c_off, c_on, h_off, h_on) = (median(c_off), median(c_on), median(h_off), median(h_on));
+        let (f_off, f_on) = (median(f_off), median(f_on));
         cycle_ratios.push(c_on / c_off);
         handoff_ratios.push(h_on / h_off);
+        floor_ratios.push(f_on / f_off);
         println!(
-            "| {run} | {c_off:.0} | {c_on:.0} | {:.2}× | {h_off:.0} | {h_on:.0} | {:.2}× |",
+            "| {run} | {c_off:.0} | {c_on:.0} | {:.2}× | {h_off:.0} | {h_on:.0} | {:.2}× | {f_off:.0} | {f_on:.0} | {:.2}× |",
             c_on / c_off,
-            h_on / h_off
+            h_on / h_off,
+            f_on / f_off
         );
     }
     let summary = |v: &[f64]| {
@@ -163,10 +233,12 @@ async fn main() {
     };
     println!();
     println!(
-        "median over runs: cycle {}, hand-off {}; target ≤ 1.50×",
+        "median over runs: cycle {}, hand-off {}; target ≤ 1.50×; floor (SET+DEL, no library) {}",
         summary(&cycle_ratios),
-        summary(&handoff_ratios)
+        summary(&handoff_ratios),
+        summary(&floor_ratios)
     );
     off.shutdown().await.unwrap();
     on.shutdown().await.unwrap();
+    floor.quit().await.unwrap();
 }
