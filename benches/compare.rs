@@ -10,6 +10,9 @@
 //! Sizes are flags: `cargo bench --bench compare -- secs=2 procs=4 only=handoff,wakeup`, or
 //! the same as environment variables (`RB_SECS=2`). See `Opts` for the list.
 //!
+//! `json=path` also writes the JSON lines to that file (relative paths are taken from the
+//! workspace root), which `cargo bench --bench chart` turns into the wake-up latency chart.
+//!
 //! Times come from `CLOCK_MONOTONIC`, which every process on the host shares, so hand-offs
 //! between processes are measured on one clock.
 
@@ -96,6 +99,9 @@ struct Opts {
     /// Comma-separated contenders (`contenders`; default all): redbaton, naive-10ms,
     /// naive-jitter, rslock, rlock, redisson.
     contenders: Vec<Kind>,
+    /// Also write the JSON lines to this file (`json`; default: stdout only). Relative to the
+    /// workspace root, since cargo runs benches from their package's directory.
+    json: Option<std::path::PathBuf>,
 }
 
 impl Opts {
@@ -123,6 +129,7 @@ impl Opts {
             rounds: env_or("ROUNDS", 3).max(1),
             only,
             contenders,
+            json: std::env::var_os("RB_JSON").map(|p| workspace_path(p.as_ref())),
         }
     }
 
@@ -130,6 +137,19 @@ impl Opts {
         self.only
             .as_ref()
             .is_none_or(|o| o.iter().any(|s| s == scenario))
+    }
+}
+
+/// `path` as given if absolute, else under the workspace root: `cargo bench` runs a bench with
+/// its package directory (`benches/`) as the working directory, which is not where the user
+/// typed the command.
+fn workspace_path(path: &std::path::Path) -> std::path::PathBuf {
+    if path.is_absolute() {
+        path.to_owned()
+    } else {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("..")
+            .join(path)
     }
 }
 
@@ -675,6 +695,11 @@ struct ContendedResult {
     acq_per_s: f64,
     handoff_p50_us: f64,
     handoff_p99_us: f64,
+    /// Hand-offs measured (the sample behind the hand-off percentiles).
+    handoff_samples: usize,
+    /// Hand-off percentiles p0 (min), p1, …, p99, p100 (max) in µs: the whole distribution
+    /// in 101 numbers, for the wake-up chart.
+    handoff_pcts_us: Vec<f64>,
     wait_p99_ms: f64,
     wait_max_ms: f64,
     jain: f64,
@@ -741,6 +766,8 @@ fn analyse(
         acq_per_s: events.len() as f64 / (span as f64 / 1e9),
         handoff_p50_us: us(pct(&handoffs, 50.0)),
         handoff_p99_us: us(pct(&handoffs, 99.0)),
+        handoff_samples: handoffs.len(),
+        handoff_pcts_us: (0..=100).map(|p| us(pct(&handoffs, p as f64))).collect(),
         wait_p99_ms: ms(pct(&waits, 99.0)),
         wait_max_ms: ms(waits.last().copied().unwrap_or(0)),
         jain: jain(&counts),
@@ -1525,7 +1552,16 @@ async fn main() {
                 .await;
                 out.push_str(&contended_row(k, &r));
                 out.push('\n');
-                contended_json("wakeup", k, &r, json!({"waiters": waiters}));
+                // The distribution rides only on the wake-up lines: that is what the chart
+                // draws, and it keeps the other lines short.
+                contended_json(
+                    "wakeup",
+                    k,
+                    &r,
+                    json!({"waiters": waiters,
+                        "handoff_samples": r.handoff_samples,
+                        "handoff_percentiles_us": r.handoff_pcts_us}),
+                );
                 wakeups.push((waiters, k, r));
             }
         }
@@ -1784,9 +1820,26 @@ async fn main() {
     ));
     println!("{out}");
     println!("### JSON\n");
-    for line in JSON.lock().unwrap().iter() {
+    let lines = JSON.lock().unwrap();
+    for line in lines.iter() {
         println!("{line}");
     }
+    let mut json_written = true;
+    if let Some(path) = &opts.json {
+        let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+        match std::fs::write(path, text) {
+            Ok(()) => eprintln!("JSON lines written to {}", path.display()),
+            Err(e) => {
+                eprintln!("could not write {}: {e}", path.display());
+                json_written = false;
+            }
+        }
+    }
+    drop(lines);
     drop(raw);
     drop(server);
+    if !json_written {
+        // After the server is stopped: the tables are on stdout, but the file asked for is not.
+        std::process::exit(1);
+    }
 }
