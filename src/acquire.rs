@@ -29,6 +29,7 @@ use crate::holds::{HoldOps, Lease, Loss, Turn, Waiting};
 use crate::hub::Wake;
 use crate::kinds::{Kind, Reply};
 use crate::metrics;
+use crate::owner::current_owner_number;
 use crate::{Error, Result};
 
 /// How long a parked waiter pauses before retrying after a connection error or timeout.
@@ -65,6 +66,10 @@ pub(crate) trait Attempts: Send {
     /// One try.
     fn attempt(&mut self) -> impl Future<Output = Result<Try<Self::Output>>> + Send;
 
+    /// Called once the first try was refused, before the waiter waits: drops what it need
+    /// not keep while it waits.
+    fn parking(&mut self) {}
+
     /// Called once when the waiter leaves without the lock (timeout, error, cancellation).
     fn give_up(&mut self) {}
 }
@@ -91,16 +96,22 @@ pub(crate) async fn acquire<K: Kind>(
 ) -> Result<Option<Guard<K>>> {
     let named = kind.named();
     named.check()?;
-    let field = kind.field(named.owner_field(kind.explicit_owner()));
+    let whose = match kind.explicit_owner() {
+        Some(owner) => Whose::Explicit(owner.clone()),
+        None => Whose::Task(current_owner_number()),
+    };
     let waits = wait != Some(Duration::ZERO);
-    let attempts = LockAttempts {
+    let mut attempts = LockAttempts {
         kind: kind.waiting(wait),
-        field,
+        whose,
+        field: None,
         lease,
         waits,
         waiting: Some(named.client.holds.waiting()),
     };
-    let span = tracing::trace_span!("acquire", lock = %named.name, owner = %attempts.field);
+    let field = attempts.make_field();
+    let span = tracing::trace_span!("acquire", lock = %named.name, owner = %field);
+    attempts.field = Some(field);
     tracing::Instrument::instrument(wait_for(attempts, wait), span).await
 }
 
@@ -158,6 +169,7 @@ async fn wait_loop<A: Attempts>(
     if deadline.is_some_and(|d| Instant::now() >= d) {
         return unreplicated.map_or(Ok(None), Err);
     }
+    armed.attempts.parking();
 
     let subscription = hub.subscribe(&channel_name, &group_key, wake);
     recording.waiting(&group_key);
@@ -269,14 +281,45 @@ fn park_time(held_for_ms: u64, deadline: Option<Instant>) -> Duration {
     }
 }
 
+/// Whose attempts they are.
+enum Whose {
+    /// An explicit owner's: its field, shared with its handle.
+    Explicit(Arc<str>),
+    /// The calling task's (or thread's), by its owner number.
+    Task(u64),
+}
+
 /// The attempts of a lock kind: the kind's acquire script, under the owner's turn.
 struct LockAttempts<K: Kind> {
     kind: K,
-    field: Arc<str>,
+    whose: Whose,
+    /// The owner's hash field, made from `whose`. Kept until the first attempt is refused;
+    /// a waiter then makes it for each attempt instead. A field made on a waiter's first
+    /// poll is the one allocation that would outlive the burst of round trips many waiters
+    /// arriving at once have in flight: interleaved with their buffers, one small string per
+    /// waiter would keep the allocator from returning those pages once the waiters park.
+    field: Option<Arc<str>>,
     lease: Lease,
     waits: bool,
     /// Counted while it waits, and while its give-up runs.
     waiting: Option<Waiting>,
+}
+
+impl<K: Kind> LockAttempts<K> {
+    fn make_field(&self) -> Arc<str> {
+        let owner = match &self.whose {
+            Whose::Explicit(owner) => owner.clone(),
+            Whose::Task(number) => self.kind.named().task_field(*number),
+        };
+        self.kind.field(owner)
+    }
+
+    fn field(&self) -> Arc<str> {
+        match &self.field {
+            Some(field) => field.clone(),
+            None => self.make_field(),
+        }
+    }
 }
 
 impl<K: Kind> Attempts for LockAttempts<K> {
@@ -295,28 +338,28 @@ impl<K: Kind> Attempts for LockAttempts<K> {
     }
 
     fn channel(&self) -> (Arc<str>, Arc<str>, Wake) {
-        let (channel, wake) = self.kind.channel(&self.field);
+        let (channel, wake) = self.kind.channel(&self.field());
         (channel, self.kind.named().key.clone(), wake)
     }
 
     fn attempt(&mut self) -> impl Future<Output = Result<Try<Guard<K>>>> + Send {
         let conn = &self.kind.named().client.conn;
-        let round_trip = attempt(
-            self.kind.clone(),
-            self.field.clone(),
-            self.lease,
-            self.waits,
-        );
+        let round_trip = attempt(self.kind.clone(), self.field(), self.lease, self.waits);
         Finish::new(round_trip, conn)
+    }
+
+    fn parking(&mut self) {
+        self.field = None;
     }
 
     fn give_up(&mut self) {
         let named = self.kind.named();
         let conn = named.client.conn.clone();
-        if let Some(call) = self.kind.give_up(&conn, &self.field) {
+        let field = self.field();
+        if let Some(call) = self.kind.give_up(&conn, &field) {
             let name = named.name.clone();
             let holds = named.client.holds.clone();
-            let (key, field, ops) = (named.key.clone(), self.field.clone(), self.kind.ops());
+            let (key, ops) = (named.key.clone(), self.kind.ops());
             let waiting = self.waiting.take();
             let runtime = conn.runtime().clone();
             runtime.spawn(async move {

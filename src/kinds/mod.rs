@@ -74,8 +74,13 @@ impl Named {
     pub(crate) fn owner_field(&self, owner: Option<&Arc<str>>) -> Arc<str> {
         match owner {
             Some(field) => field.clone(),
-            None => owner_text(&self.client.id, current_owner_number()),
+            None => self.task_field(current_owner_number()),
         }
+    }
+
+    /// The owner field of the task (or thread) numbered `number` in this client.
+    pub(crate) fn task_field(&self, number: u64) -> Arc<str> {
+        owner_text(&self.client.id, number)
     }
 
     /// The error for a key that exists without the expiry every lock has.
