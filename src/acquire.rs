@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use fred::error::{Error as FredError, ErrorKind};
 use fred::types::Value;
+use futures::TryFutureExt;
 use tokio::time::{Instant, Sleep};
 
 use crate::client::ClientInner;
@@ -89,21 +90,35 @@ impl<A: Attempts> Drop for Armed<A> {
 }
 
 /// Acquires a lock of kind `K`: `wait` None waits forever; `Some(ZERO)` tries once.
-pub(crate) async fn acquire<K: Kind>(
+///
+/// Set up on the first poll (the owner is the task that polls), and the setup's state is then
+/// replaced by the wait's, not kept beside it: a parked waiter's task holds this future for
+/// as long as it waits.
+pub(crate) fn acquire<K: Kind>(
     kind: &K,
     wait: Option<Duration>,
     lease: Lease,
-) -> Result<Option<Guard<K>>> {
+) -> impl Future<Output = Result<Option<Guard<K>>>> + Send + '_ {
+    futures::future::lazy(move |_| start(kind, wait, lease)).try_flatten()
+}
+
+/// The setup of [`acquire`]: the wait loop to await.
+fn start<K: Kind>(
+    kind: &K,
+    wait: Option<Duration>,
+    lease: Lease,
+) -> Result<impl Future<Output = Result<Option<Guard<K>>>> + Send + 'static> {
     let named = kind.named();
     named.check()?;
-    let whose = match kind.explicit_owner() {
-        Some(owner) => Whose::Explicit(owner.clone()),
-        None => Whose::Task(current_owner_number()),
+    // Only read without an explicit owner: it is the calling task's.
+    let task = match kind.explicit_owner() {
+        Some(_) => 0,
+        None => current_owner_number(),
     };
     let waits = wait != Some(Duration::ZERO);
     let mut attempts = LockAttempts {
         kind: kind.waiting(wait),
-        whose,
+        task,
         field: None,
         lease,
         waits,
@@ -112,38 +127,49 @@ pub(crate) async fn acquire<K: Kind>(
     let field = attempts.make_field();
     let span = tracing::trace_span!("acquire", lock = %named.name, owner = %field);
     attempts.field = Some(field);
-    tracing::Instrument::instrument(wait_for(attempts, wait), span).await
+    Ok(tracing::Instrument::instrument(
+        wait_for(attempts, wait),
+        span,
+    ))
 }
 
-/// The wait loop, recorded in metrics.
-pub(crate) async fn wait_for<A: Attempts>(
+/// The wait loop, recorded in metrics. Armed when called (dropped unpolled, it gives up like
+/// any waiter): callers await it at once.
+///
+/// Not an `async fn`: its arguments would be kept in the future's state beside the values
+/// made from them, for as long as a parked waiter waits. The block owns each value once.
+pub(crate) fn wait_for<A: Attempts>(
     attempts: A,
     wait: Option<Duration>,
-) -> Result<Option<A::Output>> {
-    let client_metrics = attempts.client().holds.metrics();
-    let mut recording = metrics::Acquire::start(client_metrics, attempts.kind(), attempts.name());
-    let outcome = wait_loop(attempts, wait, &mut recording).await;
-    recording.finish(&outcome);
-    outcome
+) -> impl Future<Output = Result<Option<A::Output>>> + Send {
+    let mut armed = Armed {
+        attempts,
+        armed: true,
+    };
+    async move {
+        let client_metrics = armed.attempts.client().holds.metrics();
+        let attempts = &armed.attempts;
+        let mut recording =
+            metrics::Acquire::start(client_metrics, attempts.kind(), attempts.name());
+        let outcome = wait_loop(&mut armed, wait, &mut recording).await;
+        recording.finish(&outcome);
+        outcome
+    }
 }
 
 async fn wait_loop<A: Attempts>(
-    attempts: A,
+    armed: &mut Armed<A>,
     wait: Option<Duration>,
     recording: &mut metrics::Acquire,
 ) -> Result<Option<A::Output>> {
     let start = Instant::now();
     // Instant + Duration::MAX would overflow: such a wait has no deadline.
     let deadline = wait.and_then(|w| start.checked_add(w));
-    let mut armed = Armed {
-        attempts,
-        armed: true,
-    };
     let (channel_name, group_key, wake) = armed.attempts.channel();
-    let client = armed.attempts.client();
-    let hub = client.hub.clone();
-    let watchdog_lease = client.holds.watchdog_lease();
 
+    // The hub is borrowed where it is used, not kept: a parked waiter's state holds every
+    // local that lives across an await.
+    let hub = &armed.attempts.client().hub;
     // If the channel is already subscribed and confirmed before the first attempt, any
     // release after that attempt reaches this process: the re-check can be skipped.
     let early = hub.confirmed_channel(&channel_name);
@@ -151,8 +177,9 @@ async fn wait_loop<A: Attempts>(
     generation.borrow_and_update();
 
     // An attempt the replicas did not acknowledge was undone: it is retried within the
-    // caller's wait, and reported only once the wait is spent.
-    let mut unreplicated: Option<Error> = None;
+    // caller's wait, and reported only once the wait is spent. Boxed: it is rare, and kept
+    // in a parked waiter's state.
+    let mut unreplicated: Option<Box<Error>> = None;
     let mut held_for = match armed.attempts.attempt().await {
         Ok(Try::Got(output)) => {
             armed.armed = false;
@@ -161,17 +188,21 @@ async fn wait_loop<A: Attempts>(
         Ok(Try::Busy(pttl)) => pttl,
         Err(e @ Error::NotReplicated { .. }) if deadline.is_none_or(|d| Instant::now() < d) => {
             tracing::debug!(lock = %armed.attempts.name(), error = %e, "not replicated; retrying");
-            unreplicated = Some(e);
+            unreplicated = Some(Box::new(e));
             RETRY_AFTER_ERROR_MS
         }
         Err(e) => return Err(e),
     };
     if deadline.is_some_and(|d| Instant::now() >= d) {
-        return unreplicated.map_or(Ok(None), Err);
+        return unreplicated.map_or(Ok(None), |e| Err(*e));
     }
     armed.attempts.parking();
 
-    let subscription = hub.subscribe(&channel_name, &group_key, wake);
+    let subscription = armed
+        .attempts
+        .client()
+        .hub
+        .subscribe(&channel_name, &group_key, wake);
     recording.waiting(&group_key);
     let skip_recheck = early
         .as_ref()
@@ -225,12 +256,12 @@ async fn wait_loop<A: Attempts>(
                         subscription.pass_on();
                     }
                     let since = *failing_since.get_or_insert_with(Instant::now);
-                    if since.elapsed() > watchdog_lease {
+                    if since.elapsed() > armed.attempts.client().holds.watchdog_lease() {
                         return Err(e);
                     }
                     tracing::debug!(lock = %armed.attempts.name(), error = %e, "retrying after error");
                     held_for = RETRY_AFTER_ERROR_MS;
-                    unreplicated = matches!(e, Error::NotReplicated { .. }).then_some(e);
+                    unreplicated = matches!(e, Error::NotReplicated { .. }).then(|| Box::new(e));
                 }
                 Err(e) => {
                     if woken {
@@ -246,7 +277,7 @@ async fn wait_loop<A: Attempts>(
         recheck = true;
         woken = false;
         if deadline.is_some_and(|d| Instant::now() >= d) {
-            return unreplicated.map_or(Ok(None), Err);
+            return unreplicated.map_or(Ok(None), |e| Err(*e));
         }
         if armed.attempts.client().conn.is_closed() {
             // Shutting down (its wake-up may have come before this turn of the loop).
@@ -267,7 +298,7 @@ async fn wait_loop<A: Attempts>(
         }
         if woken && deadline.is_some_and(|d| Instant::now() >= d) {
             subscription.pass_on();
-            return unreplicated.map_or(Ok(None), Err);
+            return unreplicated.map_or(Ok(None), |e| Err(*e));
         }
     }
 }
@@ -281,23 +312,17 @@ fn park_time(held_for_ms: u64, deadline: Option<Instant>) -> Duration {
     }
 }
 
-/// Whose attempts they are.
-enum Whose {
-    /// An explicit owner's: its field, shared with its handle.
-    Explicit(Arc<str>),
-    /// The calling task's (or thread's), by its owner number.
-    Task(u64),
-}
-
 /// The attempts of a lock kind: the kind's acquire script, under the owner's turn.
 struct LockAttempts<K: Kind> {
+    /// Its explicit owner, if any, is theirs.
     kind: K,
-    whose: Whose,
-    /// The owner's hash field, made from `whose`. Kept until the first attempt is refused;
-    /// a waiter then makes it for each attempt instead. A field made on a waiter's first
-    /// poll is the one allocation that would outlive the burst of round trips many waiters
-    /// arriving at once have in flight: interleaved with their buffers, one small string per
-    /// waiter would keep the allocator from returning those pages once the waiters park.
+    /// Without an explicit owner, the calling task's (or thread's) owner number: the owner.
+    task: u64,
+    /// The owner's hash field. Kept until the first attempt is refused; a waiter then makes
+    /// it for each attempt instead. A field made on a waiter's first poll is the one
+    /// allocation that would outlive the burst of round trips many waiters arriving at once
+    /// have in flight: interleaved with their buffers, one small string per waiter would keep
+    /// the allocator from returning those pages once the waiters park.
     field: Option<Arc<str>>,
     lease: Lease,
     waits: bool,
@@ -307,9 +332,9 @@ struct LockAttempts<K: Kind> {
 
 impl<K: Kind> LockAttempts<K> {
     fn make_field(&self) -> Arc<str> {
-        let owner = match &self.whose {
-            Whose::Explicit(owner) => owner.clone(),
-            Whose::Task(number) => self.kind.named().task_field(*number),
+        let owner = match self.kind.explicit_owner() {
+            Some(owner) => owner.clone(),
+            None => self.kind.named().task_field(self.task),
         };
         self.kind.field(owner)
     }
