@@ -16,6 +16,7 @@
 //! Times come from `CLOCK_MONOTONIC`, which every process on the host shares, so hand-offs
 //! between processes are measured on one clock.
 
+mod fred_client;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
@@ -34,6 +35,7 @@ use serde_json::json;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::watch;
 
+use fred_client::fred_client;
 use support::{command_calls, RedisServer};
 
 // ---------------------------------------------------------------------------------------
@@ -326,22 +328,6 @@ enum Held {
 /// The compare-and-delete every article pairs with `SET NX PX`.
 const NAIVE_RELEASE: &str =
     "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0";
-
-/// A fred client configured like redbaton's command connection (TCP_NODELAY).
-async fn fred_client(url: &str) -> fred::clients::Client {
-    let config = fred::prelude::Config::from_url(url).expect("url");
-    let client = fred::prelude::Builder::from_config(config)
-        .with_connection_config(|c| {
-            c.tcp = fred::types::config::TcpConfig {
-                nodelay: Some(true),
-                ..Default::default()
-            };
-        })
-        .build()
-        .expect("fred client");
-    client.init().await.expect("connect");
-    client
-}
 
 /// Connections in redisson's pool: enough for every task of every scenario.
 const REDISSON_POOL: u32 = 96;

@@ -13,6 +13,7 @@
 //! both modes in alternating blocks and reports their medians and the ratio on/off; the
 //! summary gives the median ratio over the runs with its range.
 
+mod fred_client;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
@@ -20,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use fred::interfaces::ClientLike;
 use fred::types::{CustomCommand, Value};
+use fred_client::fred_client;
 use redbaton::{Client, ReplicaSync};
 use support::cluster::cli;
 use support::RedisServer;
@@ -56,22 +58,6 @@ async fn cycles(client: &Client, name: &str, iters: usize) -> Vec<f64> {
         out.push(t.elapsed().as_secs_f64() * 1e6);
     }
     out
-}
-
-/// A bare fred connection with TCP_NODELAY, as redbaton's command connection has.
-async fn bare(url: &str) -> fred::clients::Client {
-    let config = fred::prelude::Config::from_url(url).expect("url");
-    let client = fred::prelude::Builder::from_config(config)
-        .with_connection_config(|c| {
-            c.tcp = fred::types::config::TcpConfig {
-                nodelay: Some(true),
-                ..Default::default()
-            };
-        })
-        .build()
-        .expect("fred client");
-    client.init().await.expect("connect");
-    client
 }
 
 /// One command on `redis`, followed in the same pipeline by `WAIT 1 5000` when `sync`.
@@ -159,7 +145,7 @@ async fn main() {
     let url = primary.url();
     let off = client(&url, ReplicaSync::Off).await;
     let on = client(&url, ReplicaSync::Auto).await;
-    let floor = bare(&url).await;
+    let floor = fred_client(&url).await;
     // Warm up both (scripts loaded, Auto has seen the replica).
     cycles(&off, "warm", 100).await;
     cycles(&on, "warm", 100).await;

@@ -203,12 +203,7 @@ async fn subscriber_killed_while_fifty_wait_then_wake_ups_are_prompt_again() {
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     // Kill every pub/sub connection while all 50 wait, and wait for the resubscription.
-    let _ = command(
-        &raw,
-        "CLIENT",
-        vec!["KILL".into(), "TYPE".into(), "pubsub".into()],
-    )
-    .await;
+    support::kill_pubsub_connections(&raw).await;
     assert!(
         eventually(Duration::from_secs(5), || async {
             numsub(&raw, &channel).await == 1
@@ -226,12 +221,7 @@ async fn subscriber_killed_while_fifty_wait_then_wake_ups_are_prompt_again() {
         })
         .await
     );
-    let _ = command(
-        &raw,
-        "CLIENT",
-        vec!["KILL".into(), "TYPE".into(), "pubsub".into()],
-    )
-    .await;
+    support::kill_pubsub_connections(&raw).await;
     let killed_again = Instant::now();
 
     for task in tasks {

@@ -36,18 +36,46 @@ impl Drop for DropFlag {
     }
 }
 
-/// A closure's future that says it started, then never completes unless dropped; it notes
-/// in `dropped` that it was dropped and in `completed` that it (wrongly) got past its wait.
-async fn endless_work(
-    started: oneshot::Sender<()>,
+/// What a piece of endless work reports: that it started, that it was dropped, and that it
+/// (wrongly) got past its wait.
+struct Probe {
+    started: oneshot::Receiver<()>,
     dropped: Arc<AtomicBool>,
     completed: Arc<AtomicBool>,
-) -> u32 {
-    let _flag = DropFlag(dropped);
-    let _ = started.send(());
-    std::future::pending::<()>().await;
-    completed.store(true, Ordering::SeqCst);
-    1
+}
+
+impl Probe {
+    async fn started(&mut self) {
+        (&mut self.started).await.expect("the closure started");
+    }
+
+    fn dropped(&self) -> bool {
+        self.dropped.load(Ordering::SeqCst)
+    }
+
+    fn completed(&self) -> bool {
+        self.completed.load(Ordering::SeqCst)
+    }
+}
+
+/// A closure's future that says it started, then never completes unless dropped, and the
+/// probe that watches it.
+fn endless_work() -> (impl std::future::Future<Output = u32>, Probe) {
+    let (started_tx, started) = oneshot::channel();
+    let probe = Probe {
+        started,
+        dropped: Arc::new(AtomicBool::new(false)),
+        completed: Arc::new(AtomicBool::new(false)),
+    };
+    let (dropped, completed) = (probe.dropped.clone(), probe.completed.clone());
+    let work = async move {
+        let _flag = DropFlag(dropped);
+        let _ = started_tx.send(());
+        std::future::pending::<()>().await;
+        completed.store(true, Ordering::SeqCst);
+        1
+    };
+    (work, probe)
 }
 
 #[tokio::test]
@@ -162,16 +190,13 @@ async fn a_force_unlock_cancels_the_closure_with_lease_lost() {
     let a = short_lease_client(&server).await;
     let b = client(&server).await;
     let lock = a.lock("run:lost");
-    let (started_tx, started) = oneshot::channel();
-    let dropped = Arc::new(AtomicBool::new(false));
-    let completed = Arc::new(AtomicBool::new(false));
-    let work = endless_work(started_tx, dropped.clone(), completed.clone());
+    let (work, mut probe) = endless_work();
     let running = tokio::spawn({
         let lock = lock.clone();
         async move { lock.run(|| work).await }
     });
-    started.await.expect("the closure started");
-    assert!(!dropped.load(Ordering::SeqCst));
+    probe.started().await;
+    assert!(!probe.dropped());
     assert!(b.lock("run:lost").force_unlock().await.unwrap());
 
     // Noticed at the next renewal (every 200 ms); generously bounded.
@@ -185,11 +210,8 @@ async fn a_force_unlock_cancels_the_closure_with_lease_lost() {
             name: "run:lost".into()
         })
     );
-    assert!(
-        dropped.load(Ordering::SeqCst),
-        "the closure's future was dropped"
-    );
-    assert!(!completed.load(Ordering::SeqCst));
+    assert!(probe.dropped(), "the closure's future was dropped");
+    assert!(!probe.completed());
     // Nothing of the lost hold lingers: another client takes the lock at once.
     let g = b.lock("run:lost").try_lock().await.unwrap();
     g.expect("free after the lost run").unlock().await.unwrap();
@@ -242,19 +264,13 @@ async fn guard_run_stops_when_a_fixed_lease_runs_out() {
         .await
         .unwrap()
         .unwrap();
-    let (started_tx, _started) = oneshot::channel();
-    let dropped = Arc::new(AtomicBool::new(false));
-    let completed = Arc::new(AtomicBool::new(false));
-    let work = endless_work(started_tx, dropped.clone(), completed.clone());
+    let (work, probe) = endless_work();
     let out = tokio::time::timeout(Duration::from_secs(5), guard.run(|| work))
         .await
         .expect("run returns once the fixed lease ran out");
     assert!(matches!(out, Err(Error::LeaseLost { .. })), "{out:?}");
-    assert!(
-        dropped.load(Ordering::SeqCst),
-        "the closure's future was dropped"
-    );
-    assert!(!completed.load(Ordering::SeqCst));
+    assert!(probe.dropped(), "the closure's future was dropped");
+    assert!(!probe.completed());
     assert!(guard.is_lost());
 
     // A guard already lost does not call the closure.
@@ -273,22 +289,16 @@ async fn dropping_run_mid_work_releases_the_lock() {
     let server = RedisServer::start();
     let client = client(&server).await;
     let lock = client.lock("run:cancelled");
-    let (started_tx, started) = oneshot::channel();
-    let dropped = Arc::new(AtomicBool::new(false));
-    let work = endless_work(
-        started_tx,
-        dropped.clone(),
-        Arc::new(AtomicBool::new(false)),
-    );
+    let (work, mut probe) = endless_work();
     let running = tokio::spawn({
         let lock = lock.clone();
         async move { lock.run(|| work).await }
     });
-    started.await.unwrap();
+    probe.started().await;
     assert!(lock.is_locked().await.unwrap());
     running.abort();
     assert!(running.await.unwrap_err().is_cancelled());
-    assert!(dropped.load(Ordering::SeqCst));
+    assert!(probe.dropped());
     assert!(
         eventually(Duration::from_secs(5), || async {
             !lock.is_locked().await.unwrap()
@@ -361,15 +371,9 @@ async fn multi_lock_and_redlock_run() {
     assert!(!b.lock("run:red").is_locked().await.unwrap());
 
     // One part taken away: the multi-lock's hold is lost, and its closure dropped.
-    let (started_tx, started) = oneshot::channel();
-    let dropped = Arc::new(AtomicBool::new(false));
-    let work = endless_work(
-        started_tx,
-        dropped.clone(),
-        Arc::new(AtomicBool::new(false)),
-    );
+    let (work, mut probe) = endless_work();
     let running = tokio::spawn(async move { both.run(|| work).await });
-    started.await.unwrap();
+    probe.started().await;
     assert!(b.lock("run:multi:2").force_unlock().await.unwrap());
     let out = tokio::time::timeout(Duration::from_secs(5), running)
         .await
@@ -381,7 +385,7 @@ async fn multi_lock_and_redlock_run() {
             name: "run:multi:1,run:multi:2".into()
         })
     );
-    assert!(dropped.load(Ordering::SeqCst));
+    assert!(probe.dropped());
     assert!(
         !b.lock("run:multi:1").is_locked().await.unwrap(),
         "the part still held was released before run returned"

@@ -451,12 +451,7 @@ async fn script_reloads_and_resubscriptions_are_counted() {
         .await
     );
     assert_eq!(metrics.counter(m::SUBSCRIBER_RECONNECTS, &[]), 0);
-    let _ = command(
-        &raw,
-        "CLIENT",
-        vec!["KILL".into(), "TYPE".into(), "pubsub".into()],
-    )
-    .await;
+    support::kill_pubsub_connections(&raw).await;
     assert!(
         eventually(Duration::from_secs(10), || async {
             metrics.counter(m::RESUBSCRIBES, &[("outcome", "ok")]) >= 1

@@ -124,12 +124,7 @@ async fn inject_faults(raw: fred::clients::Client, stop: Arc<AtomicBool>) -> Vec
         }
         let fault = match step % 3 {
             0 => {
-                let _ = command(
-                    &raw,
-                    "CLIENT",
-                    vec!["KILL".into(), "TYPE".into(), "pubsub".into()],
-                )
-                .await;
+                support::kill_pubsub_connections(&raw).await;
                 "pubsub kill"
             }
             1 => {

@@ -249,6 +249,17 @@ pub async fn command(raw: &fred::clients::Client, name: &'static str, args: Vec<
         .unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
+/// Closes every pub/sub connection the server has (`CLIENT KILL TYPE pubsub`): the
+/// subscriber of each client must reconnect and resubscribe.
+pub async fn kill_pubsub_connections(raw: &fred::clients::Client) {
+    let _ = command(
+        raw,
+        "CLIENT",
+        vec!["KILL".into(), "TYPE".into(), "pubsub".into()],
+    )
+    .await;
+}
+
 /// Calls of `command` (as counted by [`command_calls`]) once that count has stopped changing
 /// for `quiet`: everything in flight has reached the server. Panics when it is still changing
 /// after `timeout`.
