@@ -12,6 +12,10 @@ pub const DEFAULT_WATCHDOG_LEASE: Duration = Duration::from_secs(30);
 /// it, by default (Redisson's `fairLockWaitTimeout`, 5 minutes).
 pub const DEFAULT_FAIR_LOCK_WAIT: Duration = Duration::from_secs(300);
 
+/// How many baton passes in a row a lock makes by default before an ordinary release (see
+/// [`Config::baton_passes`]).
+pub const DEFAULT_BATON_PASSES: u32 = 8;
+
 /// The shortest watchdog lease accepted: renewal runs every third of it.
 pub const MIN_WATCHDOG_LEASE: Duration = Duration::from_millis(100);
 
@@ -129,6 +133,13 @@ pub struct Config {
     /// process, so turn it on only for a small, fixed set of names. Without the feature it has
     /// no effect.
     pub metrics_label_names: bool,
+    /// The baton pass: how many times in a row a [`Lock`](crate::Lock) released by its last
+    /// hold may be handed straight to the next task of this client parked on it (one script
+    /// does both; no unlock message, no second round trip, no chance for the releaser to win
+    /// it back). After that many, the release is an ordinary one with an unlock message, so
+    /// waiters elsewhere get their chance. A hand-off happens only while no other client is
+    /// subscribed to the lock's channel (default 8; `0` turns it off).
+    pub baton_passes: u32,
 }
 
 impl Config {
@@ -147,6 +158,7 @@ impl Config {
             fair_lock_wait: DEFAULT_FAIR_LOCK_WAIT,
             replica_sync: ReplicaSync::Auto,
             metrics_label_names: false,
+            baton_passes: DEFAULT_BATON_PASSES,
         }
     }
 
@@ -320,6 +332,13 @@ impl Builder {
     /// [`Config::metrics_label_names`]).
     pub fn metrics_label_names(mut self, label: bool) -> Self {
         self.config.metrics_label_names = label;
+        self
+    }
+
+    /// How many baton passes in a row a lock may make before an ordinary release (default 8;
+    /// `0` turns them off; see [`Config::baton_passes`]).
+    pub fn baton_passes(mut self, passes: u32) -> Self {
+        self.config.baton_passes = passes;
         self
     }
 

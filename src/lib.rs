@@ -58,8 +58,8 @@ mod watchdog;
 
 pub use client::Client;
 pub use config::{
-    Builder, Config, PubSubMode, ReplicaSync, AUTO_REPLICA_TIMEOUT, DEFAULT_FAIR_LOCK_WAIT,
-    DEFAULT_WATCHDOG_LEASE, MAX_LEASE, MIN_WATCHDOG_LEASE,
+    Builder, Config, PubSubMode, ReplicaSync, AUTO_REPLICA_TIMEOUT, DEFAULT_BATON_PASSES,
+    DEFAULT_FAIR_LOCK_WAIT, DEFAULT_WATCHDOG_LEASE, MAX_LEASE, MIN_WATCHDOG_LEASE,
 };
 pub use error::{Error, Result};
 pub use guard::Guard;
