@@ -12,6 +12,7 @@
 //! trip whose connection broke with it in flight — so nobody knows whether it ran — is
 //! settled ([`settle`]): the owner's count is trimmed back to what the client accounts for.
 
+use std::any::Any;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -23,6 +24,7 @@ use fred::types::Value;
 use futures::TryFutureExt;
 use tokio::time::{Instant, Sleep};
 
+use crate::baton::{Baton, Ticket};
 use crate::client::ClientInner;
 use crate::conn::{Call, Conn, Failed};
 use crate::guard::Guard;
@@ -73,6 +75,17 @@ pub(crate) trait Attempts: Send {
 
     /// Called once when the waiter leaves without the lock (timeout, error, cancellation).
     fn give_up(&mut self) {}
+
+    /// A baton for this waiter, if the lock can be passed to it (see [`crate::baton`]).
+    fn baton(&self) -> Option<Arc<Baton>> {
+        None
+    }
+
+    /// The output for a guard passed to this waiter by a releaser of its client. `None`
+    /// (never, for a kind that hands out batons) drops it, which releases its hold.
+    fn passed(&mut self, _guard: Box<dyn Any + Send>) -> Option<Self::Output> {
+        None
+    }
 }
 
 /// Disarmed on success; otherwise gives up on drop, whatever the exit.
@@ -203,6 +216,11 @@ async fn wait_loop<A: Attempts>(
         .client()
         .hub
         .subscribe(&channel_name, &group_key, wake);
+    // In the key's baton queue from here, so a release can pass the lock straight to it.
+    let ticket = armed
+        .attempts
+        .baton()
+        .map(|baton| subscription.batons().join(baton));
     recording.waiting(&group_key);
     let skip_recheck = early
         .as_ref()
@@ -229,12 +247,21 @@ async fn wait_loop<A: Attempts>(
 
     let mut recheck = !skip_recheck;
     let mut woken = false;
+    let mut passed = false;
     let mut failing_since: Option<Instant> = None;
     loop {
         if recheck {
             generation.borrow_and_update();
-            let tried = armed.attempts.attempt().await;
-            if woken {
+            // Passed the lock meanwhile: no attempt of its own (it would re-enter).
+            let handed = match &ticket {
+                Some(ticket) => ticket.baton().start_attempt().await,
+                None => None,
+            };
+            let tried = match handed.and_then(|guard| armed.attempts.passed(guard)) {
+                Some(output) => Ok(Try::Got(output)),
+                None => armed.attempts.attempt().await,
+            };
+            if woken || passed {
                 recording.woken(matches!(tried, Ok(Try::Got(_))));
             }
             match tried {
@@ -276,6 +303,7 @@ async fn wait_loop<A: Attempts>(
         }
         recheck = true;
         woken = false;
+        passed = false;
         if deadline.is_some_and(|d| Instant::now() >= d) {
             return unreplicated.map_or(Ok(None), |e| Err(*e));
         }
@@ -286,9 +314,14 @@ async fn wait_loop<A: Attempts>(
         let mut bound = park_time(held_for, deadline);
         if !subscription.channel().is_confirmed() {
             bound = bound.min(UNCONFIRMED_POLL);
+        } else if let Some(ticket) = &ticket {
+            // Claimable only once its subscription is confirmed: until then the pass script
+            // could not tell this client's subscriber from another client's.
+            ticket.baton().park();
         }
         tokio::select! {
             biased;
+            _ = baton_acted(&ticket) => passed = true,
             _ = subscription.notified() => woken = true,
             _ = generation.changed() => {}
             _ = tokio::time::sleep(bound) => {}
@@ -300,6 +333,14 @@ async fn wait_loop<A: Attempts>(
             subscription.pass_on();
             return unreplicated.map_or(Ok(None), |e| Err(*e));
         }
+    }
+}
+
+/// Resolves when a releaser acted on the waiter's baton; never without one.
+async fn baton_acted(ticket: &Option<Ticket<'_>>) {
+    match ticket {
+        Some(ticket) => ticket.baton().acted().await,
+        None => std::future::pending().await,
     }
 }
 
@@ -375,6 +416,18 @@ impl<K: Kind> Attempts for LockAttempts<K> {
 
     fn parking(&mut self) {
         self.field = None;
+    }
+
+    fn baton(&self) -> Option<Arc<Baton>> {
+        let passes = K::PASSES
+            && self.kind.explicit_owner().is_none()
+            && self.kind.named().client.config.baton_passes > 0;
+        passes.then(|| Baton::new(self.task, self.lease))
+    }
+
+    fn passed(&mut self, guard: Box<dyn Any + Send>) -> Option<Guard<K>> {
+        let guard = guard.downcast::<Guard<K>>().ok()?;
+        Some(guard.adopt(self.kind.clone()))
     }
 
     fn give_up(&mut self) {

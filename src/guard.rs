@@ -6,6 +6,7 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use crate::acquire::{bounded, settle, Finish};
+use crate::baton::Baton;
 use crate::conn::{Conn, Failed};
 use crate::holds::{Entry, Lease, Loss, Registered, Turn};
 use crate::kinds::Kind;
@@ -50,6 +51,8 @@ struct Hold {
     lease: Lease,
     /// Where a fixed lease ends by the local clock.
     expires: Option<Instant>,
+    /// How many baton passes in a row led to this hold (0: acquired by a waiter itself).
+    passes: u32,
 }
 
 impl<K: Kind> Guard<K> {
@@ -73,10 +76,24 @@ impl<K: Kind> Guard<K> {
                 generation: registered.generation,
                 lease,
                 expires,
+                passes: 0,
             },
             extra,
             released: false,
         }
+    }
+
+    /// A guard passed to a waiter: the `passes`-th pass in a row.
+    fn passed(mut self, passes: u32) -> Self {
+        self.hold.passes = passes;
+        self
+    }
+
+    /// This guard, as a handle of the waiter it was passed to: the same lock, that waiter's
+    /// own handle (its explicit owner, if any).
+    pub(crate) fn adopt(mut self, kind: K) -> Self {
+        self.kind = kind;
+        self
     }
 
     /// Releases this hold. With reentry, the lock stays held until every hold is released.
@@ -247,7 +264,8 @@ pub(crate) async fn release_after<T>(
     outcome
 }
 
-/// Releases one hold under the owner's turn.
+/// Releases one hold under the owner's turn — or, for the owner's last hold, passes the lock
+/// to a parked waiter of this client when one can take it (see [`crate::baton`]).
 async fn release<K: Kind>(kind: K, hold: Hold) -> Result<()> {
     let named = kind.named();
     let client = &named.client;
@@ -267,11 +285,31 @@ async fn release<K: Kind>(kind: K, hold: Hold) -> Result<()> {
             name: named.name.clone(),
         });
     };
+    let mut passing = None;
     if guards_left == 0 {
         // The hand-off latency of a waiter of this client starts here.
         client.holds.metrics().released(&named.key);
+        passing = Passing::claim(&kind, &hold).await;
     }
-    match bounded(ops.release(conn, &hold.field, 1, 0), conn).await {
+    let sent_at = Instant::now();
+    let call = match &mut passing {
+        Some(passing) => passing.call.take().expect("a claimed pass has its call"),
+        None => ops.release(conn, &hold.field, 1, 0),
+    };
+    let outcome = bounded(call, conn).await;
+    if let Some(passing) = passing {
+        match &outcome {
+            Ok(reply) if reply.as_i64() == Some(PASSED) => {
+                passing.hand_over(&kind, sent_at, hold.passes + 1);
+                return Ok(());
+            }
+            // The pass may have run: the next owner's count, like the releaser's, is trimmed
+            // back to what this client accounts for (none), which releases it.
+            Err(Failed::MaybeRan(_) | Failed::Unreplicated { .. }) => passing.settle(conn),
+            _ => passing.withdraw(),
+        }
+    }
+    match outcome {
         Ok(reply) => match reply.as_i64() {
             Some(-1) => {
                 hold.entry.mark_lost(hold.generation, Loss::UnlockFoundGone);
@@ -312,6 +350,90 @@ async fn release<K: Kind>(kind: K, hold: Hold) -> Result<()> {
             }
             Err(error)
         }
+    }
+}
+
+/// The pass script's reply when the lock went to the claimed waiter.
+const PASSED: i64 = -2;
+
+/// A baton pass under way: the claimed waiter, its turn, and the pass script to send.
+struct Passing<K: Kind> {
+    baton: Arc<Baton>,
+    /// The next owner's turn, held from before the pass is sent until its hold is registered:
+    /// no call of that owner can run in between.
+    turn: Turn,
+    field: Arc<str>,
+    lease: Lease,
+    extra: K::Extra,
+    call: Option<crate::conn::Call>,
+}
+
+impl<K: Kind> Passing<K> {
+    /// Claims the first parked waiter that can take `hold`'s lock, if the kind passes, the
+    /// client allows another pass in a row, and that waiter's turn is free (it is, unless an
+    /// abandoned attempt of its own is still finishing). `None`: release as usual.
+    async fn claim(kind: &K, hold: &Hold) -> Option<Passing<K>> {
+        let named = kind.named();
+        let client = &named.client;
+        if !K::PASSES || hold.passes >= client.config.baton_passes {
+            return None;
+        }
+        let (channel, _) = kind.channel(&hold.field);
+        let baton = client.hub.claim_baton(&channel, &named.key)?;
+        let field = kind.field(named.task_field(baton.task()));
+        let ops = kind.ops();
+        let Some(turn) = client
+            .holds
+            .turn(&named.key, &field, &ops, Instant::now())
+            .await
+        else {
+            baton.withdraw();
+            return None;
+        };
+        let lease = baton.lease();
+        let lease_ms = lease.millis(client.holds.watchdog_lease());
+        let Some((call, extra)) = kind.pass(&client.conn, &hold.field, &field, lease_ms) else {
+            baton.withdraw();
+            return None;
+        };
+        Some(Passing {
+            baton,
+            turn,
+            field,
+            lease,
+            extra,
+            call: Some(call),
+        })
+    }
+
+    /// The lock is the waiter's: registers its hold (with the watchdog, for a watchdog
+    /// lease) and hands the guard over. A waiter that left meanwhile gets nothing: the guard
+    /// is dropped, which releases the hold at once (or passes it on again).
+    fn hand_over(self, kind: &K, sent_at: Instant, passes: u32) {
+        let registered = self.turn.acquired(1, self.lease, sent_at);
+        drop(self.turn);
+        tracing::trace!(lock = %kind.named().name, owner = %self.field, "passed");
+        let guard = Guard::new(
+            kind.clone(),
+            self.field,
+            registered,
+            self.lease,
+            sent_at,
+            self.extra,
+        )
+        .passed(passes);
+        drop(self.baton.hand(Box::new(guard)));
+    }
+
+    /// Not passed: the waiter parks on (an ordinary release wakes it as any waiter).
+    fn withdraw(self) {
+        self.baton.withdraw();
+    }
+
+    /// The pass's outcome is unknown: the next owner's count is trimmed back to none.
+    fn settle(self, conn: &Arc<Conn>) {
+        self.baton.withdraw();
+        settle(conn.clone(), self.turn);
     }
 }
 

@@ -32,6 +32,7 @@ use parking_lot::Mutex;
 use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::{mpsc, watch, Notify};
 
+use crate::baton::{Baton, Queue};
 use crate::config::PubSubMode;
 
 /// What a message on a channel means for its waiters.
@@ -72,6 +73,8 @@ pub(crate) struct Group {
     /// yet (still busy with its attempt when the message came), so `n` wake-ups would
     /// collapse into one; they are counted here instead.
     pending: AtomicUsize,
+    /// The batons of its waiters that can be passed the lock (see [`crate::baton`]).
+    batons: Queue,
 }
 
 impl Group {
@@ -228,6 +231,11 @@ impl Subscription {
         self.group.wait(self.channel.wake).await
     }
 
+    /// The baton queue of this waiter's key.
+    pub(crate) fn batons(&self) -> &Queue {
+        &self.group.batons
+    }
+
     /// Hands a wake-up this waiter received but will not use to the next waiter.
     pub(crate) fn pass_on(&self) {
         tracing::trace!(channel = %self.channel.name, "passing a wake-up on");
@@ -337,6 +345,7 @@ impl Hub {
                         waiters: AtomicUsize::new(0),
                         notify: Notify::new(),
                         pending: AtomicUsize::new(0),
+                        batons: Queue::default(),
                     });
                     groups.push(group.clone());
                     group
@@ -358,6 +367,31 @@ impl Hub {
             .get(name)
             .filter(|slot| slot.channel.is_confirmed())
             .map(|slot| slot.channel.clone())
+    }
+
+    /// Claims the first parked waiter of `key` on channel `name` that can be passed the
+    /// lock (see [`crate::baton`]).
+    pub(crate) fn claim_baton(&self, name: &str, key: &str) -> Option<Arc<Baton>> {
+        let channel = self.channels.get(name)?.channel.clone();
+        let group = channel
+            .groups
+            .lock()
+            .iter()
+            .find(|g| *g.key == *key)?
+            .clone();
+        group.batons.claim()
+    }
+
+    /// How many waiters of `key` on channel `name` a release could pass the lock to now.
+    pub(crate) fn passable(&self, name: &str, key: &str) -> usize {
+        let Some(channel) = self.channels.get(name).map(|slot| slot.channel.clone()) else {
+            return 0;
+        };
+        let groups = channel.groups.lock();
+        groups
+            .iter()
+            .find(|g| *g.key == *key)
+            .map_or(0, |g| g.batons.parked())
     }
 
     /// A receiver of the generation counter, bumped whenever waiters must re-check.
@@ -642,6 +676,7 @@ mod tests {
             waiters: AtomicUsize::new(waiters),
             notify: Notify::new(),
             pending: AtomicUsize::new(0),
+            batons: Queue::default(),
         });
         let channel = Channel {
             name: "redisson_sc:{sem}".into(),

@@ -35,6 +35,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod acquire;
+mod baton;
 mod client;
 mod config;
 mod conn;

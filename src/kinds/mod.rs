@@ -168,6 +168,25 @@ pub trait Kind: Clone + Send + Sync + 'static {
         None
     }
 
+    /// Whether a hold of this kind released by its owner's last guard may be passed to a
+    /// parked waiter of the same client (see [`crate::baton`]); such a kind supplies
+    /// [`pass`](Kind::pass).
+    const PASSES: bool = false;
+
+    /// The baton pass: one script that releases `field`'s hold if it is the last and, while
+    /// no other client listens on the lock's channel, gives the lock to `next` with
+    /// `lease_ms` (replying `-2`); otherwise it acts as the release script. With it, what the
+    /// passed guard carries. Only kinds with [`PASSES`](Kind::PASSES) supply it.
+    fn pass(
+        &self,
+        _conn: &Conn,
+        _field: &str,
+        _next: &str,
+        _lease_ms: i64,
+    ) -> Option<(Call, Self::Extra)> {
+        None
+    }
+
     /// The handle one acquire call works with, given how long it waits (`None`: no deadline;
     /// `Some(ZERO)`: one attempt): its attempts, give-up and guard use it. The fair lock
     /// queues with the wait, and must give up with the same. Most kinds ignore it.

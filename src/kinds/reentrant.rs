@@ -18,6 +18,7 @@ lua_script!(ACQUIRE, "lock/acquire.lua");
 lua_script!(RELEASE, "lock/release.lua");
 lua_script!(FORCE_UNLOCK, "lock/force_unlock.lua");
 lua_script!(RENEW, "lock/renew.lua");
+lua_script!(PASS, "lock/pass.lua");
 
 /// Prefix of every lock channel (Redisson's `redisson_lock__channel`).
 pub(crate) const CHANNEL_PREFIX: &str = "redisson_lock__channel";
@@ -269,6 +270,15 @@ impl Lock {
 
     acquire_methods!(Lock);
     hash_lock_methods!();
+
+    /// How many tasks of this client are parked on this lock such that its release would be
+    /// passed to one of them (see [`Config::baton_passes`](crate::Config::baton_passes)).
+    /// For tests and diagnostics; not part of the stable API.
+    #[doc(hidden)]
+    pub fn passable_waiters(&self) -> usize {
+        let named = &self.inner.named;
+        named.client.hub.passable(&self.inner.channel, &named.key)
+    }
 }
 
 impl Kind for Lock {
@@ -298,6 +308,27 @@ impl Kind for Lock {
 
     fn ops(&self) -> Arc<dyn HoldOps> {
         self.inner.clone()
+    }
+
+    const PASSES: bool = true;
+
+    fn pass(&self, conn: &Conn, field: &str, next: &str, lease_ms: i64) -> Option<(Call, ())> {
+        let count_subscribers = match conn.publish_command() {
+            "SPUBLISH" => "SHARDNUMSUB",
+            _ => "NUMSUB",
+        };
+        let args = vec![
+            Value::from(field),
+            Value::from(next),
+            Value::from(lease_ms),
+            // This client's own subscriber, listening for the waiter being passed the lock.
+            Value::from(1),
+            Value::from(count_subscribers),
+            Value::from(UNLOCK_MESSAGE),
+            Value::from(conn.publish_command()),
+        ];
+        let keys = [&*self.inner.named.key, &*self.inner.channel];
+        Some((conn.call(&PASS, &keys, args), ()))
     }
 }
 
@@ -337,7 +368,7 @@ impl std::fmt::Debug for Lock {
 
 /// Scripts of this kind, loaded at connect.
 pub(crate) static SCRIPTS: &[&crate::conn::LuaScript] =
-    &[&ACQUIRE, &RELEASE, &FORCE_UNLOCK, &RENEW];
+    &[&ACQUIRE, &RELEASE, &FORCE_UNLOCK, &RENEW, &PASS];
 
 #[cfg(test)]
 mod tests {

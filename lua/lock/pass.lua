@@ -1,0 +1,33 @@
+-- The baton pass: release an owner's last hold and give the lock to the next waiter of the
+-- same client in the same step, unless another client may be waiting for it.
+-- KEYS[1]  the lock hash
+-- KEYS[2]  the lock's channel (same hash slot as KEYS[1])
+-- ARGV[1]  releasing owner field
+-- ARGV[2]  next owner field
+-- ARGV[3]  the next owner's lease in milliseconds
+-- ARGV[4]  how many subscribers the channel may have for a pass (the passing client's own)
+-- ARGV[5]  NUMSUB or SHARDNUMSUB: how the channel's subscribers are counted
+-- ARGV[6]  unlock message ("0")
+-- ARGV[7]  publish command: PUBLISH or SPUBLISH
+-- Reply: -1 when the owner holds nothing, -2 when the lock was passed, 0 when it was
+--        released as by the release script (message published), else the owner's remaining
+--        count.
+-- The hash has one owner field at every instant: to anyone else, a pass is a held lock
+-- whose holder changed.
+local count = redis.call('hget', KEYS[1], ARGV[1])
+if not count then
+    return -1
+end
+count = tonumber(count)
+if count > 1 then
+    return redis.call('hincrby', KEYS[1], ARGV[1], -1)
+end
+redis.call('del', KEYS[1])
+local subscribers = redis.call('pubsub', ARGV[5], KEYS[2])[2]
+if subscribers > tonumber(ARGV[4]) then
+    redis.call(ARGV[7], KEYS[2], ARGV[6])
+    return 0
+end
+redis.call('hset', KEYS[1], ARGV[2], 1)
+redis.call('pexpire', KEYS[1], ARGV[3])
+return -2

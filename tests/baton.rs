@@ -1,0 +1,373 @@
+//! The baton pass: a release handing the lock straight to the next parked task of the same
+//! client, in one script, with no unlock message — and each of its safety rules.
+
+mod support;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fred::prelude::*;
+use parking_lot::Mutex;
+use redbaton::{Client, Error, Lock, LockGuard};
+use support::{command, command_calls, eventually, numsub, RedisServer};
+
+const BOUND: Duration = Duration::from_secs(10);
+
+async fn client(server: &RedisServer, passes: u32) -> Client {
+    Client::builder()
+        .url(server.url())
+        .baton_passes(passes)
+        .connect()
+        .await
+        .unwrap()
+}
+
+async fn calls(raw: &fred::clients::Client, name: &str) -> u64 {
+    command_calls(raw).await.get(name).copied().unwrap_or(0)
+}
+
+/// Waits (bounded) until `n` tasks are parked on `lock` where a release can pass it to them.
+async fn parked(lock: &Lock, n: usize) {
+    assert!(
+        eventually(BOUND, || async { lock.passable_waiters() == n }).await,
+        "{n} waiter(s) never parked (now {})",
+        lock.passable_waiters()
+    );
+}
+
+/// The lock's hash: owner field → count.
+async fn fields(raw: &fred::clients::Client, key: &str) -> HashMap<String, i64> {
+    raw.hgetall(key).await.unwrap()
+}
+
+/// A task that waits for `lock` and returns its guard.
+fn waiter(lock: &Lock) -> tokio::task::JoinHandle<LockGuard> {
+    let lock = lock.clone();
+    tokio::spawn(async move { lock.lock().await.unwrap() })
+}
+
+async fn joined<T>(task: tokio::task::JoinHandle<T>) -> T {
+    tokio::time::timeout(BOUND, task)
+        .await
+        .expect("the waiter was served in time")
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_release_passes_the_lock_to_a_parked_task_in_one_script_without_a_message() {
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let client = client(&server, 8).await;
+    let lock = client.lock("baton:one");
+    let held = lock.lock().await.unwrap();
+    let next = waiter(&lock);
+    parked(&lock, 1).await;
+
+    let (publishes, scripts) = (calls(&raw, "publish").await, calls(&raw, "evalsha").await);
+    held.unlock().await.unwrap();
+    let guard = joined(next).await;
+
+    assert_eq!(
+        calls(&raw, "publish").await,
+        publishes,
+        "no unlock message was sent"
+    );
+    assert_eq!(
+        calls(&raw, "evalsha").await,
+        scripts + 1,
+        "the pass was the only script: the waiter made no attempt of its own"
+    );
+    let owner = guard.owner().to_string();
+    assert_eq!(
+        fields(&raw, "baton:one").await,
+        HashMap::from([(owner, 1)]),
+        "the waiter holds it, once, alone"
+    );
+    let ttl = lock.remaining_ttl().await.unwrap().unwrap();
+    assert!(
+        ttl > Duration::from_secs(20),
+        "the waiter's own watchdog lease: {ttl:?}"
+    );
+    assert!(!guard.is_lost());
+    guard.unlock().await.unwrap();
+    assert!(!lock.is_locked().await.unwrap());
+    client.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn local_waiters_are_served_in_the_order_they_parked() {
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let client = client(&server, 8).await;
+    let lock = client.lock("baton:order");
+    let held = lock.lock().await.unwrap();
+    let served = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..5 {
+        let (task_lock, served) = (lock.clone(), served.clone());
+        tasks.push(tokio::spawn(async move {
+            let guard = task_lock.lock().await.unwrap();
+            served.lock().push(i);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            guard.unlock().await.unwrap();
+        }));
+        parked(&lock, i + 1).await;
+    }
+    let publishes = calls(&raw, "publish").await;
+    held.unlock().await.unwrap();
+    for task in tasks {
+        joined(task).await;
+    }
+    assert_eq!(*served.lock(), vec![0, 1, 2, 3, 4]);
+    assert_eq!(
+        calls(&raw, "publish").await,
+        publishes + 1,
+        "five passes, then one ordinary release once nobody waits"
+    );
+    assert!(!lock.is_locked().await.unwrap());
+    client.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn after_the_configured_passes_in_a_row_a_release_is_an_ordinary_one() {
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let client = client(&server, 2).await;
+    let lock = client.lock("baton:bound");
+    let held = lock.lock().await.unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..4 {
+        tasks.push(lock_and_unlock(&lock));
+        parked(&lock, i + 1).await;
+    }
+    let publishes = calls(&raw, "publish").await;
+    held.unlock().await.unwrap();
+    for task in tasks {
+        joined(task).await;
+    }
+    // Passed twice, then released with a message (the third waiter takes it by itself),
+    // passed once more, and released with a message when nobody waits.
+    assert_eq!(calls(&raw, "publish").await, publishes + 2);
+    client.shutdown().await.unwrap();
+}
+
+/// A task that waits for `lock` and releases it at once.
+fn lock_and_unlock(lock: &Lock) -> tokio::task::JoinHandle<()> {
+    let lock = lock.clone();
+    tokio::spawn(async move { lock.lock().await.unwrap().unlock().await.unwrap() })
+}
+
+#[tokio::test]
+async fn with_passes_off_every_release_publishes() {
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let client = client(&server, 0).await;
+    let lock = client.lock("baton:off");
+    let held = lock.lock().await.unwrap();
+    let tasks: Vec<_> = (0..2).map(|_| lock_and_unlock(&lock)).collect();
+    assert!(eventually(BOUND, || async { numsub(&raw, lock.channel()).await == 1 }).await);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(lock.passable_waiters(), 0, "no waiter is passable");
+    let publishes = calls(&raw, "publish").await;
+    held.unlock().await.unwrap();
+    for task in tasks {
+        joined(task).await;
+    }
+    assert_eq!(calls(&raw, "publish").await, publishes + 3);
+    client.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_waiter_of_another_client_makes_the_release_an_ordinary_one() {
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let other = client(&server, 8).await;
+    let client = client(&server, 8).await;
+    // `other`: its own subscriber connection, as another process would have.
+    let lock = client.lock("baton:foreign");
+    let held = lock.lock().await.unwrap();
+    // Each holds it a while, so the message counted is the first release's.
+    let hold_a_second = |lock: Lock| {
+        tokio::spawn(async move {
+            let guard = lock.lock().await.unwrap();
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            guard.unlock().await.unwrap();
+        })
+    };
+    let local = hold_a_second(lock.clone());
+    parked(&lock, 1).await;
+    let foreign = hold_a_second(other.lock("baton:foreign"));
+    assert!(
+        eventually(BOUND, || async { numsub(&raw, lock.channel()).await == 2 }).await,
+        "the other client's waiter subscribed"
+    );
+    let publishes = calls(&raw, "publish").await;
+    held.unlock().await.unwrap();
+    assert_eq!(
+        calls(&raw, "publish").await,
+        publishes + 1,
+        "released with the unlock message, for the other client's waiter"
+    );
+    joined(local).await;
+    joined(foreign).await;
+    client.shutdown().await.unwrap();
+    other.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_releaser_that_no_longer_holds_gets_not_held_and_writes_nothing() {
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let client = client(&server, 8).await;
+    let lock = client.lock("baton:gone");
+    let held = lock.lock().await.unwrap();
+    let next = waiter(&lock);
+    parked(&lock, 1).await;
+    // Someone else holds it now (say the lease ran out and another owner took it).
+    let _: i64 = raw.del("baton:gone").await.unwrap();
+    let _: i64 = raw.hset("baton:gone", ("other:1", 1)).await.unwrap();
+    let _: bool = raw.pexpire("baton:gone", 30_000, None).await.unwrap();
+
+    let e = held.unlock().await.unwrap_err();
+    assert!(matches!(e, Error::NotHeld { .. }), "{e:?}");
+    assert_eq!(
+        fields(&raw, "baton:gone").await,
+        HashMap::from([("other:1".to_owned(), 1)]),
+        "nothing was written"
+    );
+    parked(&lock, 1).await;
+    assert!(!next.is_finished(), "the waiter was not handed a lock");
+
+    let _: i64 = raw.del("baton:gone").await.unwrap();
+    let _: i64 = raw.publish(lock.channel(), "0").await.unwrap();
+    joined(next).await.unlock().await.unwrap();
+    client.shutdown().await.unwrap();
+}
+
+/// Holds every write (scripts included) on the server for `ms`; reads still run.
+async fn pause_writes(raw: &fred::clients::Client, ms: u64) {
+    command(
+        raw,
+        "CLIENT",
+        vec!["PAUSE".into(), ms.to_string(), "WRITE".into()],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_chosen_waiter_cancelled_while_the_pass_is_in_flight_leaves_no_hold() {
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let client = client(&server, 8).await;
+    let lock = client.lock("baton:cancelled");
+    let held = lock.lock().await.unwrap();
+    let chosen = waiter(&lock);
+    parked(&lock, 1).await;
+
+    pause_writes(&raw, 1_000).await;
+    let release = tokio::spawn(held.unlock());
+    // Claimed: out of the queue, its pass waiting on the paused server.
+    parked(&lock, 0).await;
+    chosen.abort();
+    assert!(chosen.await.unwrap_err().is_cancelled());
+    release.await.unwrap().unwrap();
+
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            !lock.is_locked().await.unwrap()
+        })
+        .await,
+        "the hold passed to the cancelled waiter was released at once, not left to its 30 s lease"
+    );
+    client.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_hold_passed_to_a_cancelled_waiter_goes_on_to_the_next() {
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let client = client(&server, 8).await;
+    let lock = client.lock("baton:onwards");
+    let held = lock.lock().await.unwrap();
+    let chosen = waiter(&lock);
+    parked(&lock, 1).await;
+    let next = waiter(&lock);
+    parked(&lock, 2).await;
+
+    pause_writes(&raw, 1_000).await;
+    let release = tokio::spawn(held.unlock());
+    parked(&lock, 1).await;
+    chosen.abort();
+    release.await.unwrap().unwrap();
+
+    let guard = joined(next).await;
+    assert_eq!(
+        fields(&raw, "baton:onwards").await,
+        HashMap::from([(guard.owner().to_string(), 1)])
+    );
+    guard.unlock().await.unwrap();
+    assert!(!lock.is_locked().await.unwrap());
+    client.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_passed_waiter_gets_its_own_fixed_lease() {
+    let server = RedisServer::start();
+    let client = client(&server, 8).await;
+    let lock = client.lock("baton:fixed");
+    let held = lock.lock().await.unwrap();
+    let next = {
+        let lock = lock.clone();
+        tokio::spawn(async move { lock.lock_with_lease(Duration::from_secs(3)).await.unwrap() })
+    };
+    parked(&lock, 1).await;
+    held.unlock().await.unwrap();
+    let guard = joined(next).await;
+    let ttl = lock.remaining_ttl().await.unwrap().unwrap();
+    assert!(
+        ttl <= Duration::from_secs(3) && ttl > Duration::from_secs(1),
+        "the waiter's 3 s lease, not the releaser's 30 s: {ttl:?}"
+    );
+    guard.unlock().await.unwrap();
+    client.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_passed_watchdog_hold_is_renewed_and_reenters_from_one() {
+    let server = RedisServer::start();
+    let client = Client::builder()
+        .url(server.url())
+        .watchdog_lease(Duration::from_millis(900))
+        .connect()
+        .await
+        .unwrap();
+    let lock = client.lock("baton:renewed");
+    let held = lock.lock().await.unwrap();
+    let next = {
+        let lock = lock.clone();
+        tokio::spawn(async move {
+            let guard = lock.lock().await.unwrap();
+            let first = lock.hold_count().await.unwrap();
+            // Three leases long: only renewals keep it.
+            tokio::time::sleep(Duration::from_millis(2_700)).await;
+            let inner = lock.lock().await.unwrap();
+            let second = lock.hold_count().await.unwrap();
+            inner.unlock().await.unwrap();
+            (guard, first, second)
+        })
+    };
+    parked(&lock, 1).await;
+    held.unlock().await.unwrap();
+    let (guard, first, second) = joined(next).await;
+    assert_eq!(
+        (first, second),
+        (1, 2),
+        "counts start at 1, and it re-enters"
+    );
+    assert!(!guard.is_lost(), "renewed by the watchdog");
+    assert!(lock.is_locked().await.unwrap());
+    guard.unlock().await.unwrap();
+    assert!(!lock.is_locked().await.unwrap());
+    client.shutdown().await.unwrap();
+}
