@@ -35,6 +35,9 @@ pub(crate) struct ClientInner {
     pub(crate) holds: Arc<Holds>,
     watchdog: Arc<Watchdog>,
     pub(crate) config: Config,
+    /// The server refused the baton pass script (an ACL without `PUBSUB NUMSUB`): this
+    /// client releases the ordinary way from then on.
+    pub(crate) passes_refused: std::sync::atomic::AtomicBool,
 }
 
 impl Drop for ClientInner {
@@ -290,6 +293,7 @@ impl Client {
             holds,
             watchdog,
             config,
+            passes_refused: Default::default(),
         });
         tracing::debug!(client = %inner.id, url = %redact_url(&inner.config.url), "connected");
         Ok(Client { inner })

@@ -1,6 +1,7 @@
 //! [`Guard`]: proof of one hold of a lock, released on drop.
 
 use std::future::Future;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use tokio::time::Instant;
@@ -296,7 +297,7 @@ async fn release<K: Kind>(kind: K, hold: Hold) -> Result<()> {
         Some(passing) => passing.call.take().expect("a claimed pass has its call"),
         None => ops.release(conn, &hold.field, 1, 0),
     };
-    let outcome = bounded(call, conn).await;
+    let mut outcome = bounded(call, conn).await;
     if let Some(passing) = passing {
         match &outcome {
             Ok(reply) if reply.as_i64() == Some(PASSED) => {
@@ -306,6 +307,14 @@ async fn release<K: Kind>(kind: K, hold: Hold) -> Result<()> {
             // The pass may have run: the next owner's count, like the releaser's, is trimmed
             // back to what this client accounts for (none), which releases it.
             Err(Failed::MaybeRan(_) | Failed::Unreplicated { .. }) => passing.settle(conn),
+            Err(Failed::NotRun(e)) if !named.error(e).is_transient() => {
+                // The server refused the script before it wrote anything: release the
+                // ordinary way, now and from now on.
+                tracing::warn!(lock = %named.name, error = %e, "the server refuses the baton pass (an ACL without PUBSUB NUMSUB?); this client releases without it");
+                client.passes_refused.store(true, Ordering::Relaxed);
+                passing.withdraw();
+                outcome = bounded(ops.release(conn, &hold.field, 1, 0), conn).await;
+            }
             _ => passing.withdraw(),
         }
     }
@@ -375,7 +384,10 @@ impl<K: Kind> Passing<K> {
     async fn claim(kind: &K, hold: &Hold) -> Option<Passing<K>> {
         let named = kind.named();
         let client = &named.client;
-        if !K::PASSES || hold.passes >= client.config.baton_passes {
+        if !K::PASSES
+            || hold.passes >= client.config.baton_passes
+            || client.passes_refused.load(Ordering::Relaxed)
+        {
             return None;
         }
         let (channel, _) = kind.channel(&hold.field);

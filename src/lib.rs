@@ -7,7 +7,8 @@
 //!   `lock()` calls in one tokio task re-enter.
 //! - **Waiting costs Redis almost nothing**: waiters park on one shared subscriber connection
 //!   per [`Client`] and are woken, one at a time, by the unlock message; the lock's remaining
-//!   lease bounds every wait, so a lost message never hangs anyone.
+//!   lease bounds every wait, so a lost message never hangs anyone. Between tasks of one
+//!   client, a release hands the lock to the next parked task in its own round trip.
 //! - **Leases end**: a crashed holder's lock expires; a live holder's lease is renewed by one
 //!   watchdog task per client, and a guard tells its holder when the lease was lost.
 //!

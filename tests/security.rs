@@ -77,6 +77,8 @@ const LOCK_USER_ACL: &[&str] = &[
     "+del",
     "+publish",
     "+type",
+    // The baton pass counts the channel's subscribers before it hands a lock on.
+    "+pubsub|numsub",
 ];
 
 async fn lock_user(server: &RedisServer, lease: Duration) -> redbaton::Result<Client> {
@@ -149,6 +151,36 @@ async fn lock_user_workload(server: &RedisServer) -> redbaton::Result<()> {
     .await
     {
         return Err(Error::Auth("a subscription was left behind".into()));
+    }
+    // A release passes the lock to a parked task of the same client: no unlock message but
+    // the last release's, once nobody waits.
+    let holder = a.lock("pass").lock().await?;
+    let passed_to = a.lock("pass");
+    let next = {
+        let lock = passed_to.clone();
+        tokio::spawn(async move { lock.lock().await?.unlock().await })
+    };
+    if !support::eventually(Duration::from_secs(5), || async {
+        passed_to.passable_waiters() == 1
+    })
+    .await
+    {
+        return Err(Error::Auth("the local waiter never parked".into()));
+    }
+    let publishes = || async {
+        let calls = support::command_calls(&raw).await;
+        calls.get("publish").copied().unwrap_or(0)
+    };
+    let before = publishes().await;
+    holder.unlock().await?;
+    tokio::time::timeout(Duration::from_secs(10), next)
+        .await
+        .map_err(|_| Error::Auth("the lock was never passed on".into()))?
+        .unwrap()?;
+    if publishes().await != before + 1 {
+        return Err(Error::Auth(
+            "the release was not passed (see the log)".into(),
+        ));
     }
     let held = b.lock("job").lock().await?;
     if !a.lock("job").force_unlock().await? {

@@ -22,12 +22,15 @@ count = tonumber(count)
 if count > 1 then
     return redis.call('hincrby', KEYS[1], ARGV[1], -1)
 end
-redis.call('del', KEYS[1])
+-- Counted before anything is written: a user whose ACL refuses it gets an error with no
+-- effect, and the client releases the ordinary way.
 local subscribers = redis.call('pubsub', ARGV[5], KEYS[2])[2]
+redis.call('del', KEYS[1])
 if subscribers > tonumber(ARGV[4]) then
     redis.call(ARGV[7], KEYS[2], ARGV[6])
     return 0
 end
-redis.call('hset', KEYS[1], ARGV[2], 1)
+-- The commands the release and acquire scripts use, so no other permission is needed.
+redis.call('hincrby', KEYS[1], ARGV[2], 1)
 redis.call('pexpire', KEYS[1], ARGV[3])
 return -2

@@ -45,7 +45,9 @@ pub(crate) const UNLOCK_MESSAGE: &str = "0";
 /// Waiting costs Redis almost nothing: a waiter subscribes to the lock's channel through the
 /// client's shared subscriber, re-checks once, and parks until an unlock message wakes it —
 /// or until the lock's remaining lease (PTTL) runs out, so a lost message costs at most one
-/// lease, never a hang.
+/// lease, never a hang. Between tasks of one client the lock is handed on without a message
+/// at all: a release by the last hold passes it straight to the task that parked first, in the
+/// same script, while no other process is waiting ([`Config::baton_passes`](crate::Config::baton_passes)).
 ///
 /// # Cancellation safety
 ///
