@@ -2,7 +2,8 @@
 //! Locks on names in different slots, watchdog renewals across slots, prompt wake-ups in
 //! classic and sharded pub/sub, a primary failover while tasks contend, audits that no script
 //! runs twice for one reply while a primary fails over, dies or has its connections reset
-//! under load, and the slot-map-sync race in fred 10.1 that does run one twice.
+//! under load, the slot-map-sync race in fred 10.1 that does run one twice, and the baton pass
+//! on every primary (classic and sharded pub/sub).
 
 mod support;
 
@@ -147,6 +148,71 @@ async fn classic_pubsub_wakes_waiters_on_every_primary() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sharded_pubsub_wakes_waiters_on_every_primary() {
     wakeups_are_prompt(PubSubMode::Sharded).await;
+}
+
+/// Unlock messages the node on `port` has sent (classic and sharded, scripts included).
+fn messages_sent(port: u16) -> u64 {
+    cli(port, &["INFO", "commandstats"])
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_publish:") || l.starts_with("cmdstat_spublish:"))
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+/// On every primary, a release passes the lock to a parked task of the same client with no
+/// unlock message (the pass script counts the channel's subscribers on the key's node).
+async fn passes_on_every_primary(mode: PubSubMode) {
+    let cluster = RedisCluster::start(3, 0);
+    let names = names_on_distinct_primaries(&cluster, 3);
+    let client = client(&cluster, mode, Duration::from_secs(30)).await;
+    for name in &names {
+        let lock = client.lock(name);
+        let held = lock.lock().await.unwrap();
+        let next = {
+            let lock = lock.clone();
+            tokio::spawn(async move { lock.lock().await.unwrap() })
+        };
+        let parked = support::eventually(Duration::from_secs(10), || async {
+            lock.passable_waiters() == 1
+        });
+        assert!(parked.await, "{mode:?}: {name}: the waiter parked");
+        let node = cluster.primary_for_slot(slot(name));
+        let sent = messages_sent(node);
+        held.unlock().await.unwrap();
+        let guard = tokio::time::timeout(Duration::from_secs(10), next)
+            .await
+            .unwrap_or_else(|_| panic!("{mode:?}: {name}: not passed on"))
+            .unwrap();
+        assert_eq!(
+            messages_sent(node),
+            sent,
+            "{mode:?}: {name}: passed, no message"
+        );
+        assert_eq!(
+            lock.with_owner(guard.owner()).hold_count().await.unwrap(),
+            1
+        );
+        guard.unlock().await.unwrap();
+        assert!(!lock.is_locked().await.unwrap());
+    }
+    client.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn classic_pubsub_passes_on_every_primary() {
+    passes_on_every_primary(PubSubMode::Classic).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sharded_pubsub_passes_on_every_primary() {
+    passes_on_every_primary(PubSubMode::Sharded).await;
 }
 
 /// What contending tasks saw around a failover.
