@@ -538,7 +538,7 @@ fn settled(turn: &Turn, keep: u32, reply: &Value) {
 
 /// Releases the one hold an acquire just took under `turn` (not registered: the caller gets
 /// no guard). A release whose outcome is unknown is settled.
-async fn undo_acquire(
+pub(crate) async fn undo_acquire(
     conn: Arc<Conn>,
     turn: Turn,
     ops: Arc<dyn HoldOps>,

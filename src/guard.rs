@@ -6,10 +6,10 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use crate::acquire::{bounded, settle, Finish};
+use crate::acquire::{bounded, settle, undo_acquire, Finish};
 use crate::baton::Baton;
 use crate::conn::{Conn, Failed};
-use crate::holds::{Entry, Lease, Loss, Registered, Turn};
+use crate::holds::{Entry, HoldOps, Lease, Loss, Registered, Turn};
 use crate::kinds::Kind;
 use crate::owner::Owner;
 use crate::{Error, Result};
@@ -301,7 +301,13 @@ async fn release<K: Kind>(kind: K, hold: Hold) -> Result<()> {
     if let Some(passing) = passing {
         match &outcome {
             Ok(reply) if reply.as_i64() == Some(PASSED) => {
-                passing.hand_over(&kind, sent_at, hold.passes + 1);
+                if conn.is_closed() {
+                    // Shutting down (it waits for the next owner's turn, held here): the
+                    // waiter gets no guard, so its hold goes as an acquire's would.
+                    passing.undo(conn, ops, &named.name).await;
+                } else {
+                    passing.hand_over(&kind, sent_at, hold.passes + 1);
+                }
                 return Ok(());
             }
             // The pass may have run: the next owner's count, like the releaser's, is trimmed
@@ -435,6 +441,12 @@ impl<K: Kind> Passing<K> {
         )
         .passed(passes);
         drop(self.baton.hand(Box::new(guard)));
+    }
+
+    /// Passed while the client shuts down: released again at once.
+    async fn undo(self, conn: &Arc<Conn>, ops: Arc<dyn HoldOps>, name: &str) {
+        undo_acquire(conn.clone(), self.turn, ops, self.field, name.to_owned()).await;
+        self.baton.withdraw();
     }
 
     /// Not passed: the waiter parks on (an ordinary release wakes it as any waiter).

@@ -371,3 +371,44 @@ async fn a_passed_watchdog_hold_is_renewed_and_reenters_from_one() {
     assert!(!lock.is_locked().await.unwrap());
     client.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passes_racing_shutdown_leave_nothing_held() {
+    const ROUNDS: usize = 10;
+    const NAMES: usize = 20;
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let mut leaked = Vec::new();
+    for round in 0..ROUNDS {
+        let client = client(&server, 8).await;
+        let names: Vec<String> = (0..NAMES).map(|i| format!("race:{round}:{i}")).collect();
+        let mut guards = Vec::new();
+        for name in &names {
+            let lock = client.lock(name);
+            guards.push(lock.lock().await.unwrap());
+            // Whatever the waiter gets (a passed guard, or ShutDown) it drops.
+            let waiting = lock.clone();
+            tokio::spawn(async move { drop(waiting.lock().await) });
+            parked(&lock, 1).await;
+        }
+        // The releases (passes) start on the other worker thread while this one shuts down.
+        for guard in guards {
+            tokio::spawn(async move { drop(guard.unlock().await) });
+        }
+        for _ in 0..(round * 7) % 64 {
+            std::hint::spin_loop();
+        }
+        client.shutdown().await.unwrap();
+        for name in names {
+            // A release in flight lands within moments; a leaked hold stays for its 30 s lease.
+            let released = eventually(Duration::from_secs(5), || async {
+                raw.exists::<i64, _>(&name).await.unwrap() == 0
+            })
+            .await;
+            if !released {
+                leaked.push(name);
+            }
+        }
+    }
+    assert!(leaked.is_empty(), "left held after shutdown: {leaked:?}");
+}
