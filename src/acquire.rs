@@ -76,8 +76,9 @@ pub(crate) trait Attempts: Send {
     /// Called once when the waiter leaves without the lock (timeout, error, cancellation).
     fn give_up(&mut self) {}
 
-    /// A baton for this waiter, if the lock can be passed to it (see [`crate::baton`]).
-    fn baton(&self) -> Option<Arc<Baton>> {
+    /// Who this waiter is for a baton pass, if the lock can be passed to it (see
+    /// [`crate::baton`]).
+    fn baton(&self) -> Option<Baton> {
         None
     }
 
@@ -254,7 +255,7 @@ async fn wait_loop<A: Attempts>(
             generation.borrow_and_update();
             // Passed the lock meanwhile: no attempt of its own (it would re-enter).
             let handed = match &ticket {
-                Some(ticket) => ticket.baton().start_attempt().await,
+                Some(ticket) => ticket.start_attempt().await,
                 None => None,
             };
             let tried = match handed.and_then(|guard| armed.attempts.passed(guard)) {
@@ -317,7 +318,7 @@ async fn wait_loop<A: Attempts>(
         } else if let Some(ticket) = &ticket {
             // Claimable only once its subscription is confirmed: until then the pass script
             // could not tell this client's subscriber from another client's.
-            ticket.baton().park();
+            ticket.park();
         }
         tokio::select! {
             biased;
@@ -339,7 +340,7 @@ async fn wait_loop<A: Attempts>(
 /// Resolves when a releaser acted on the waiter's baton; never without one.
 async fn baton_acted(ticket: &Option<Ticket<'_>>) {
     match ticket {
-        Some(ticket) => ticket.baton().acted().await,
+        Some(ticket) => ticket.acted().await,
         None => std::future::pending().await,
     }
 }
@@ -418,11 +419,14 @@ impl<K: Kind> Attempts for LockAttempts<K> {
         self.field = None;
     }
 
-    fn baton(&self) -> Option<Arc<Baton>> {
+    fn baton(&self) -> Option<Baton> {
         let passes = K::PASSES
             && self.kind.explicit_owner().is_none()
             && self.kind.named().client.config.baton_passes > 0;
-        passes.then(|| Baton::new(self.task, self.lease))
+        passes.then_some(Baton {
+            task: self.task,
+            lease: self.lease,
+        })
     }
 
     fn passed(&mut self, guard: Box<dyn Any + Send>) -> Option<Guard<K>> {

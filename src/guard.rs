@@ -7,7 +7,7 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use crate::acquire::{bounded, settle, undo_acquire, Finish};
-use crate::baton::Baton;
+use crate::baton::Claim;
 use crate::conn::{Conn, Failed};
 use crate::holds::{Entry, HoldOps, Lease, Loss, Registered, Turn};
 use crate::kinds::Kind;
@@ -373,7 +373,7 @@ const PASSED: i64 = -2;
 
 /// A baton pass under way: the claimed waiter, its turn, and the pass script to send.
 struct Passing<K: Kind> {
-    baton: Arc<Baton>,
+    claim: Claim,
     /// The next owner's turn, held from before the pass is sent until its hold is registered:
     /// no call of that owner can run in between.
     turn: Turn,
@@ -397,25 +397,26 @@ impl<K: Kind> Passing<K> {
             return None;
         }
         let (channel, _) = kind.channel(&hold.field);
-        let baton = client.hub.claim_baton(&channel, &named.key)?;
-        let field = kind.field(named.task_field(baton.task()));
+        let claim = client.hub.claim_baton(&channel, &named.key)?;
+        let waiter = claim.baton();
+        let field = kind.field(named.task_field(waiter.task));
         let ops = kind.ops();
         let Some(turn) = client
             .holds
             .turn(&named.key, &field, &ops, Instant::now())
             .await
         else {
-            baton.withdraw();
+            claim.withdraw();
             return None;
         };
-        let lease = baton.lease();
+        let lease = waiter.lease;
         let lease_ms = lease.millis(client.holds.watchdog_lease());
         let Some((call, extra)) = kind.pass(&client.conn, &hold.field, &field, lease_ms) else {
-            baton.withdraw();
+            claim.withdraw();
             return None;
         };
         Some(Passing {
-            baton,
+            claim,
             turn,
             field,
             lease,
@@ -440,23 +441,23 @@ impl<K: Kind> Passing<K> {
             self.extra,
         )
         .passed(passes);
-        drop(self.baton.hand(Box::new(guard)));
+        drop(self.claim.hand(Box::new(guard)));
     }
 
     /// Passed while the client shuts down: released again at once.
     async fn undo(self, conn: &Arc<Conn>, ops: Arc<dyn HoldOps>, name: &str) {
         undo_acquire(conn.clone(), self.turn, ops, self.field, name.to_owned()).await;
-        self.baton.withdraw();
+        self.claim.withdraw();
     }
 
     /// Not passed: the waiter parks on (an ordinary release wakes it as any waiter).
     fn withdraw(self) {
-        self.baton.withdraw();
+        self.claim.withdraw();
     }
 
     /// The pass's outcome is unknown: the next owner's count is trimmed back to none.
     fn settle(self, conn: &Arc<Conn>) {
-        self.baton.withdraw();
+        self.claim.withdraw();
         settle(conn.clone(), self.turn);
     }
 }

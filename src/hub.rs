@@ -32,7 +32,7 @@ use parking_lot::Mutex;
 use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::{mpsc, watch, Notify};
 
-use crate::baton::{Baton, Queue};
+use crate::baton::{Claim, Queue};
 use crate::config::PubSubMode;
 
 /// What a message on a channel means for its waiters.
@@ -74,7 +74,7 @@ pub(crate) struct Group {
     /// collapse into one; they are counted here instead.
     pending: AtomicUsize,
     /// The batons of its waiters that can be passed the lock (see [`crate::baton`]).
-    batons: Queue,
+    batons: Arc<Queue>,
 }
 
 impl Group {
@@ -345,7 +345,7 @@ impl Hub {
                         waiters: AtomicUsize::new(0),
                         notify: Notify::new(),
                         pending: AtomicUsize::new(0),
-                        batons: Queue::default(),
+                        batons: Arc::default(),
                     });
                     groups.push(group.clone());
                     group
@@ -371,7 +371,7 @@ impl Hub {
 
     /// Claims the first parked waiter of `key` on channel `name` that can be passed the
     /// lock (see [`crate::baton`]).
-    pub(crate) fn claim_baton(&self, name: &str, key: &str) -> Option<Arc<Baton>> {
+    pub(crate) fn claim_baton(&self, name: &str, key: &str) -> Option<Claim> {
         let channel = self.channels.get(name)?.channel.clone();
         let group = channel
             .groups
@@ -676,7 +676,7 @@ mod tests {
             waiters: AtomicUsize::new(waiters),
             notify: Notify::new(),
             pending: AtomicUsize::new(0),
-            batons: Queue::default(),
+            batons: Arc::default(),
         });
         let channel = Channel {
             name: "redisson_sc:{sem}".into(),
