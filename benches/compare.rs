@@ -3,7 +3,8 @@
 //! `cargo bench --bench compare` starts a private `redis-server` on a free loopback port and
 //! measures, in the same run: the floor (EVALSHA and PING round trips), a naive
 //! `SET NX PX` lock (10 ms sleep and jittered), the peer crates `rslock`, `rlock` and
-//! `redisson`, and redbaton — uncontended, reentrant, hand-off (1 process and several
+//! `redisson`, and redbaton twice: `redbaton` at its defaults (baton pass on) and
+//! `redbaton-nobaton` (`baton_passes(0)`, the behaviour before the baton pass) — uncontended, reentrant, hand-off (1 process and several
 //! processes), wake-up without barging, many keys and parked waiters. It prints markdown
 //! tables, a target summary and one JSON line per scenario and contender.
 //!
@@ -98,8 +99,8 @@ struct Opts {
     /// Comma-separated scenarios to run (`only`; default all): uncontended, handoff,
     /// handoff_mp, wakeup, many, parked.
     only: Option<Vec<String>>,
-    /// Comma-separated contenders (`contenders`; default all): redbaton, naive-10ms,
-    /// naive-jitter, rslock, rlock, redisson.
+    /// Comma-separated contenders (`contenders`; default all): redbaton, redbaton-nobaton,
+    /// naive-10ms, naive-jitter, rslock, rslock-10ms, rlock, rlock-10ms, redisson.
     contenders: Vec<Kind>,
     /// Also write the JSON lines to this file (`json`; default: stdout only). Relative to the
     /// workspace root, since cargo runs benches from their package's directory.
@@ -232,7 +233,11 @@ static GLOBAL: CountingAlloc = CountingAlloc;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
+    /// redbaton at its defaults: the baton pass is on.
     Redbaton,
+    /// redbaton with `baton_passes(0)`: every release is an ordinary one (the behaviour before
+    /// the baton pass), measured beside `Redbaton` in the same run.
+    RedbatonNoBaton,
     Naive,
     NaiveJitter,
     Rslock,
@@ -245,8 +250,9 @@ enum Kind {
 }
 
 impl Kind {
-    const ALL: [Kind; 8] = [
+    const ALL: [Kind; 9] = [
         Kind::Redbaton,
+        Kind::RedbatonNoBaton,
         Kind::Naive,
         Kind::NaiveJitter,
         Kind::Rslock,
@@ -259,6 +265,7 @@ impl Kind {
     fn name(self) -> &'static str {
         match self {
             Kind::Redbaton => "redbaton",
+            Kind::RedbatonNoBaton => "redbaton-nobaton",
             Kind::Naive => "naive-10ms",
             Kind::NaiveJitter => "naive-jitter",
             Kind::Rslock => "rslock",
@@ -276,7 +283,8 @@ impl Kind {
     /// How a waiter of this contender learns that the lock is free.
     fn waits_by(self) -> &'static str {
         match self {
-            Kind::Redbaton => "pub/sub, wake one",
+            Kind::Redbaton => "baton pass in process, else pub/sub wake one",
+            Kind::RedbatonNoBaton => "pub/sub, wake one",
             Kind::Naive => "poll 10 ms",
             Kind::NaiveJitter => "poll U(0,20) ms",
             Kind::Rslock => "poll U(0,200) ms",
@@ -297,7 +305,7 @@ impl Kind {
             | Kind::RslockTuned
             | Kind::Rlock
             | Kind::RlockTuned => &["set"],
-            Kind::Redbaton | Kind::Redisson => &[],
+            Kind::Redbaton | Kind::RedbatonNoBaton | Kind::Redisson => &[],
         }
     }
 }
@@ -338,6 +346,14 @@ impl Ctx {
     async fn connect(kind: Kind, url: &str) -> Ctx {
         match kind {
             Kind::Redbaton => Ctx::Redbaton(redbaton::Client::connect(url).await.expect("connect")),
+            Kind::RedbatonNoBaton => Ctx::Redbaton(
+                redbaton::Client::builder()
+                    .url(url)
+                    .baton_passes(0)
+                    .connect()
+                    .await
+                    .expect("connect"),
+            ),
             Kind::Naive | Kind::NaiveJitter => {
                 let redis = fred_client(url).await;
                 let release = Script::from_lua(NAIVE_RELEASE);
@@ -695,6 +711,8 @@ struct ContendedResult {
     overlaps: u64,
     /// Of the releases with another task waiting, the share the releaser itself won again.
     regained_pct: f64,
+    /// Releases with another task waiting (the sample behind `regained_pct`).
+    contested: usize,
 }
 
 fn analyse(
@@ -762,6 +780,7 @@ fn analyse(
         pubsub_conns,
         overlaps,
         regained_pct: 100.0 * regained as f64 / contested.max(1) as f64,
+        contested,
     }
 }
 
@@ -1407,6 +1426,170 @@ fn wait_targets(
     }
 }
 
+/// The baton pass's one-process hand-off target: the release call to the next holder's
+/// acquisition p50 ≤ 1.3 × the trivial EVALSHA median, with redbaton-nobaton's ratio beside.
+fn baton_handoff_target(
+    targets: &mut Vec<(String, String, &'static str)>,
+    rows: &[(Kind, &ContendedResult)],
+    rb: &ContendedResult,
+    evalsha_us: f64,
+    label: &str,
+) {
+    let nb = rows
+        .iter()
+        .find(|(k, _)| *k == Kind::RedbatonNoBaton)
+        .map_or("redbaton-nobaton not run".to_owned(), |(_, nb)| {
+            format!(
+                "redbaton-nobaton {:.0} µs = {:.2} ×",
+                nb.handoff_p50_us,
+                nb.handoff_p50_us / evalsha_us
+            )
+        });
+    targets.push((
+        format!("baton: hand-off p50 ≤ 1.3 × EVALSHA ({label})"),
+        format!(
+            "{:.0} µs = {:.2} × {:.1} µs; {nb}",
+            rb.handoff_p50_us,
+            rb.handoff_p50_us / evalsha_us,
+            evalsha_us
+        ),
+        verdict(rb.handoff_p50_us <= 1.3 * evalsha_us),
+    ));
+}
+
+/// The baton pass's throughput target: acquisitions/s ≥ redbaton-nobaton's in the same run.
+fn baton_rate_target(
+    targets: &mut Vec<(String, String, &'static str)>,
+    rb: &ContendedResult,
+    nb: Option<&ContendedResult>,
+    label: &str,
+) {
+    if let Some(nb) = nb {
+        targets.push((
+            format!("baton: acq/s ≥ redbaton-nobaton's ({label})"),
+            format!(
+                "{:.2} × ({:.0} vs {:.0})",
+                rb.acq_per_s / nb.acq_per_s,
+                rb.acq_per_s,
+                nb.acq_per_s
+            ),
+            verdict(rb.acq_per_s >= nb.acq_per_s),
+        ));
+    }
+}
+
+/// Issue 12 §2's targets on the one-process hot key (`tasks` tasks, one name): redbaton
+/// (baton on) against the floor, against redbaton-nobaton and against every other contender,
+/// all from this run.
+fn hot_key_targets(
+    targets: &mut Vec<(String, String, &'static str)>,
+    rows: &[(Kind, ContendedResult)],
+    rb: &ContendedResult,
+    evalsha_us: Option<f64>,
+    tasks: usize,
+) {
+    let label = format!("hot key, {tasks} tasks, 1 process");
+    let nb = rows
+        .iter()
+        .find(|(k, _)| *k == Kind::RedbatonNoBaton)
+        .map(|(_, r)| r);
+    let refs: Vec<(Kind, &ContendedResult)> = rows.iter().map(|(k, r)| (*k, r)).collect();
+    if let Some(e) = evalsha_us {
+        baton_handoff_target(targets, &refs, rb, e, &label);
+    }
+    // A fair FIFO leaves the releaser 1 chance in `tasks`; noise = 2 standard errors of a
+    // share of 1/tasks over the contested releases measured.
+    let fair = 1.0 / tasks.max(1) as f64;
+    let bound = 100.0 * (fair + 2.0 * (fair * (1.0 - fair) / rb.contested.max(1) as f64).sqrt());
+    targets.push((
+        format!(
+            "baton: releaser won again ≤ 1/{tasks} ({:.2} %) + noise ({label})",
+            100.0 * fair
+        ),
+        format!(
+            "{:.1} % of {} contested releases (bound {bound:.2} % with 2 σ); {}",
+            rb.regained_pct,
+            rb.contested,
+            nb.map_or("redbaton-nobaton not run".into(), |nb| format!(
+                "redbaton-nobaton {:.1} %",
+                nb.regained_pct
+            ))
+        ),
+        verdict(rb.regained_pct <= bound),
+    ));
+    targets.push((
+        format!("baton: Jain's index ≥ 0.95 ({label})"),
+        format!(
+            "{:.3}; {}",
+            rb.jain,
+            nb.map_or("redbaton-nobaton not run".into(), |nb| format!(
+                "redbaton-nobaton {:.3}",
+                nb.jain
+            ))
+        ),
+        verdict(rb.jain >= 0.95),
+    ));
+    if let Some((ok, ork)) = rows
+        .iter()
+        .filter(|(k, _)| *k != Kind::Redbaton)
+        .min_by(|a, b| a.1.wait_p99_ms.total_cmp(&b.1.wait_p99_ms))
+    {
+        targets.push((
+            format!("baton: wait p99 ≤ every other contender's, naive-jitter included ({label})"),
+            format!(
+                "{:.1} ms (max {:.1} ms) vs lowest other {:.1} ms ({}); {}",
+                rb.wait_p99_ms,
+                rb.wait_max_ms,
+                ork.wait_p99_ms,
+                ok.name(),
+                nb.map_or("redbaton-nobaton not run".into(), |nb| format!(
+                    "redbaton-nobaton {:.1} ms (max {:.1} ms)",
+                    nb.wait_p99_ms, nb.wait_max_ms
+                ))
+            ),
+            verdict(rb.wait_p99_ms <= ork.wait_p99_ms),
+        ));
+    }
+    baton_rate_target(targets, rb, nb, &label);
+}
+
+/// Issue 12 §2 on the multi-process hot key: the baton pass must make no figure worse than
+/// redbaton-nobaton's in the same run (each row gives redbaton / redbaton-nobaton).
+fn multi_process_baton_targets(
+    targets: &mut Vec<(String, String, &'static str)>,
+    rb: &ContendedResult,
+    nb: Option<&ContendedResult>,
+    label: &str,
+) {
+    let Some(nb) = nb else { return };
+    // (figure, redbaton, redbaton-nobaton, unit, format precision, higher is better)
+    let figures = [
+        ("acq/s", rb.acq_per_s, nb.acq_per_s, "", 0, true),
+        ("wait p99", rb.wait_p99_ms, nb.wait_p99_ms, " ms", 1, false),
+        ("Jain's index", rb.jain, nb.jain, "", 3, true),
+        (
+            "hand-off p50",
+            rb.handoff_p50_us,
+            nb.handoff_p50_us,
+            " µs",
+            0,
+            false,
+        ),
+    ];
+    for (figure, r, n, unit, prec, higher_better) in figures {
+        let ok = if higher_better { r >= n } else { r <= n };
+        targets.push((
+            format!("baton: {figure} no worse than redbaton-nobaton's ({label})"),
+            format!(
+                "{:.2} × ({r:.prec$}{unit} vs {n:.prec$}{unit})",
+                r / n,
+                prec = prec
+            ),
+            verdict(ok),
+        ));
+    }
+}
+
 fn verdict(ok: bool) -> &'static str {
     if ok {
         "met"
@@ -1663,10 +1846,24 @@ async fn main() {
                         ),
                         verdict(rb.handoff_p50_us <= 4.0 * e),
                     ));
-                    for (_, k, r) in rows
-                        .iter()
-                        .filter(|(_, k, _)| *k != Kind::Redbaton && *k != Kind::NaiveJitter)
-                    {
+                    let pairs: Vec<_> = rows.iter().map(|(_, k, r)| (*k, r)).collect();
+                    baton_handoff_target(
+                        &mut targets,
+                        &pairs,
+                        rb,
+                        e,
+                        &format!("wake-up, {waiters} waiter(s)"),
+                    );
+                    let nb = pairs.iter().find(|(k, _)| *k == Kind::RedbatonNoBaton);
+                    baton_rate_target(
+                        &mut targets,
+                        rb,
+                        nb.map(|(_, r)| *r),
+                        &format!("wake-up, {waiters} waiter(s)"),
+                    );
+                    for (_, k, r) in rows.iter().filter(|(_, k, _)| {
+                        ![Kind::Redbaton, Kind::RedbatonNoBaton, Kind::NaiveJitter].contains(k)
+                    }) {
                         let factor = r.handoff_p50_us / rb.handoff_p50_us;
                         targets.push((
                             format!(
@@ -1684,6 +1881,7 @@ async fn main() {
             }
         }
         if let Some((_, rb)) = handoff_1p.iter().find(|(k, _)| *k == Kind::Redbaton) {
+            hot_key_targets(&mut targets, &handoff_1p, rb, evalsha_us, opts.tasks);
             wait_targets(
                 &mut targets,
                 &handoff_1p,
@@ -1708,6 +1906,13 @@ async fn main() {
             ));
         }
         if let Some((_, rb)) = handoff_mp.iter().find(|(k, _)| *k == Kind::Redbaton) {
+            let nb = handoff_mp.iter().find(|(k, _)| *k == Kind::RedbatonNoBaton);
+            multi_process_baton_targets(
+                &mut targets,
+                rb,
+                nb.map(|(_, r)| r),
+                &format!("{} processes × {} tasks", opts.procs, opts.per_proc),
+            );
             wait_targets(
                 &mut targets,
                 &handoff_mp,
