@@ -14,7 +14,7 @@ pub const DEFAULT_FAIR_LOCK_WAIT: Duration = Duration::from_secs(300);
 
 /// How many baton passes in a row a lock makes by default before an ordinary release (see
 /// [`Config::baton_passes`]).
-pub const DEFAULT_BATON_PASSES: u32 = 8;
+pub const DEFAULT_BATON_PASSES: u32 = 16;
 
 /// The shortest watchdog lease accepted: renewal runs every third of it.
 pub const MIN_WATCHDOG_LEASE: Duration = Duration::from_millis(100);
@@ -138,7 +138,7 @@ pub struct Config {
     /// does both; no unlock message, no second round trip, no chance for the releaser to win
     /// it back). After that many, the release is an ordinary one with an unlock message, so
     /// waiters elsewhere get their chance. A hand-off happens only while no other client is
-    /// subscribed to the lock's channel (default 8; `0` turns it off).
+    /// subscribed to the lock's channel (default 16; `0` turns it off).
     pub baton_passes: u32,
 }
 
@@ -335,7 +335,7 @@ impl Builder {
         self
     }
 
-    /// How many baton passes in a row a lock may make before an ordinary release (default 8;
+    /// How many baton passes in a row a lock may make before an ordinary release (default 16;
     /// `0` turns them off; see [`Config::baton_passes`]).
     pub fn baton_passes(mut self, passes: u32) -> Self {
         self.config.baton_passes = passes;
