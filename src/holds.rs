@@ -112,9 +112,15 @@ impl Loss {
     }
 }
 
+/// The registry's hasher. Every acquire and release hashes its (key, owner) pair twice (the
+/// turn's insert, the idle entry's removal); std's SipHash cost more than the rest of the
+/// registry's work. foldhash is seeded per process, so names chosen by a user still cannot
+/// be aimed at one bucket in advance.
+type HoldsHasher = foldhash::fast::RandomState;
+
 /// The registry of one client.
 pub(crate) struct Holds {
-    map: DashMap<(Arc<str>, Arc<str>), Arc<Entry>>,
+    map: DashMap<(Arc<str>, Arc<str>), Arc<Entry>, HoldsHasher>,
     /// The client's id: an owner field that starts with it is this client's own.
     client_id: Arc<str>,
     watchdog_lease: Duration,
@@ -181,7 +187,7 @@ impl Holds {
         metrics: ClientMetrics,
     ) -> Arc<Holds> {
         Arc::new(Holds {
-            map: DashMap::new(),
+            map: DashMap::with_hasher(HoldsHasher::default()),
             client_id,
             watchdog_lease,
             waiting: AtomicU64::new(0),
