@@ -157,26 +157,25 @@ pub struct Conn {
     publish: &'static str,
     runtime: tokio::runtime::Handle,
     closed: AtomicBool,
-    replication: Replication,
+    /// Shared with each counted call's `'static` round trip: one reference count per call.
+    replication: Arc<Replication>,
 }
 
 /// What `WAIT`, if any, follows a script that changes a lock. Decided again for every send:
 /// after a redirection or a failover the slot's primary, and so its replicas, may differ.
-#[derive(Clone)]
 struct Replication {
     sync: ReplicaSync,
-    clustered: bool,
     /// Connected replicas per primary ([`ReplicaSync::Auto`]); `None` is the one node of a
     /// client that is not clustered.
-    replicas: Arc<RwLock<HashMap<Option<Server>, u32>>>,
+    replicas: RwLock<HashMap<Option<Server>, u32>>,
     /// Whether any primary in `replicas` has a replica: when none has, [`ReplicaSync::Auto`]
     /// costs one atomic load per call (no lock, no slot lookup).
-    any_replicas: Arc<AtomicBool>,
+    any_replicas: AtomicBool,
 }
 
 impl Replication {
-    /// The `WAIT` a change of `keys` needs, if any.
-    fn wait_for(&self, redis: &fred::clients::Client, keys: &[&str]) -> Option<Wait> {
+    /// The `WAIT` a change of the keys in `slot` (`None`: not clustered) needs, if any.
+    fn wait_for(&self, redis: &fred::clients::Client, slot: Option<u16>) -> Option<Wait> {
         match self.sync {
             ReplicaSync::Off => None,
             ReplicaSync::Replicas { min, timeout } => Some(Wait {
@@ -187,15 +186,11 @@ impl Replication {
                 if !self.any_replicas.load(Ordering::Acquire) {
                     return None;
                 }
-                let node = match keys.first() {
-                    Some(key) if self.clustered => {
-                        let slot = fred::util::redis_keyslot(key.as_bytes());
-                        redis
-                            .cached_cluster_state()
-                            .and_then(|state| state.get_server(slot).cloned())
-                    }
-                    _ => None,
-                };
+                let node = slot.and_then(|slot| {
+                    redis
+                        .cached_cluster_state()
+                        .and_then(|state| state.get_server(slot).cloned())
+                });
                 // A primary not counted yet (just promoted) is taken as having none until the
                 // next count: `Auto` never blocks a connection on a replica it has not seen.
                 let connected = self.replicas.read().get(&node).copied().unwrap_or(0);
@@ -225,12 +220,11 @@ impl Conn {
             publish,
             runtime: tokio::runtime::Handle::current(),
             closed: AtomicBool::new(false),
-            replication: Replication {
+            replication: Arc::new(Replication {
                 sync,
-                clustered: redis_clustered,
-                replicas: Arc::new(RwLock::new(HashMap::new())),
-                any_replicas: Arc::new(AtomicBool::new(false)),
-            },
+                replicas: RwLock::new(HashMap::new()),
+                any_replicas: AtomicBool::new(false),
+            }),
         });
         if conn.replication.sync == ReplicaSync::Auto {
             conn.count_replicas().await;
@@ -318,13 +312,14 @@ impl Conn {
         synced: bool,
     ) -> Result<(Value, Ack), FredError> {
         let command = evalsha_args(script, keys, args);
-        let hash = self.hash(keys);
+        let slot = self.slot(keys);
+        let hash = route(slot);
         let mut reloaded = false;
         let mut resends = 0;
         loop {
             let timed = Options::default();
             let wait = synced
-                .then(|| self.replication.wait_for(&self.redis, keys))
+                .then(|| self.replication.wait_for(&self.redis, slot))
                 .flatten();
             let (reply, waited) = send(&self.redis, &timed, &hash, command.clone(), wait).await;
             match reply {
@@ -361,9 +356,10 @@ impl Conn {
     /// sync asks for it.
     pub(crate) fn call(&self, script: &'static LuaScript, keys: &[&str], args: Vec<Value>) -> Call {
         let command = evalsha_args(script, keys, args);
-        let hash = self.hash(keys);
+        // The slot, not the key, is what routing and `WAIT` need: no copy of the key is kept.
+        let slot = self.slot(keys);
+        let hash = route(slot);
         let replication = self.replication.clone();
-        let first_key = keys.first().map(|k| k.to_string());
         // No timeout of fred's: a timed-out command that was still queued would be skipped,
         // and one already written would have its reply thrown away; either way its outcome
         // would be lost. Waiting is the caller's to bound.
@@ -376,8 +372,7 @@ impl Conn {
             let mut reloaded = false;
             let mut resends = 0;
             loop {
-                let key = first_key.as_deref();
-                let wait = replication.wait_for(&redis, key.as_slice());
+                let wait = replication.wait_for(&redis, slot);
                 let (reply, waited) = send(&redis, &untimed, &hash, command.clone(), wait).await;
                 match reply {
                     Err(e) if is_noscript(&e) && !reloaded => {
@@ -424,13 +419,11 @@ impl Conn {
         })
     }
 
-    /// Where a command on `keys` goes: the first key's slot on a cluster.
-    fn hash(&self, keys: &[&str]) -> ClusterHash {
+    /// The cluster slot of a command on `keys` (its first key's); `None` when not clustered.
+    fn slot(&self, keys: &[&str]) -> Option<u16> {
         match keys.first() {
-            Some(key) if self.clustered => {
-                ClusterHash::Custom(fred::util::redis_keyslot(key.as_bytes()))
-            }
-            _ => ClusterHash::Random,
+            Some(key) if self.clustered => Some(fred::util::redis_keyslot(key.as_bytes())),
+            _ => None,
         }
     }
 
@@ -539,6 +532,11 @@ async fn send(
             .ok_or_else(|| FredError::new(ErrorKind::Parse, "WAIT replied no number"))
     }));
     (reply, acked)
+}
+
+/// Where a command in `slot` goes (any node when not clustered).
+fn route(slot: Option<u16>) -> ClusterHash {
+    slot.map_or(ClusterHash::Random, ClusterHash::Custom)
 }
 
 /// Before re-sending a redirected script: while a failover settles, the nodes may briefly
