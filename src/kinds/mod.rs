@@ -45,11 +45,11 @@ impl Named {
         } else {
             None
         };
-        let key = format!("{}{name}", client.config.key_prefix);
+        let key = text(format_args!("{}{name}", client.config.key_prefix));
         Named {
             client,
             name: name.to_owned(),
-            key: key.into(),
+            key,
             invalid,
         }
     }
@@ -92,19 +92,24 @@ impl Named {
     }
 }
 
-/// `<client id>:<number>` as one allocation (it is made on every acquire): written into a
-/// stack buffer first when it fits, as it always does for a client's UUID.
+/// `<client id>:<number>` as one allocation (it is made on every acquire).
 fn owner_text(client_id: &str, number: u64) -> Arc<str> {
+    text(format_args!("{client_id}:{number}"))
+}
+
+/// `args` formatted as one allocation: written into a stack buffer first when it fits, as an
+/// owner field always does and most keys do (a `String` made into an `Arc<str>` would be two).
+fn text(args: std::fmt::Arguments<'_>) -> Arc<str> {
     use std::io::Write;
-    let mut buf = [0u8; 96];
+    let mut buf = [0u8; 160];
     let mut cursor = std::io::Cursor::new(&mut buf[..]);
-    if write!(cursor, "{client_id}:{number}").is_ok() {
+    if cursor.write_fmt(args).is_ok() {
         let len = cursor.position() as usize;
         if let Ok(text) = std::str::from_utf8(&buf[..len]) {
             return Arc::from(text);
         }
     }
-    format!("{client_id}:{number}").into()
+    std::fmt::format(args).into()
 }
 
 /// What an acquire script said.
@@ -406,6 +411,16 @@ mod tests {
             prefix_name("redisson_lock__channel", "{user}:a"),
             "redisson_lock__channel:{user}:a"
         );
+    }
+
+    #[test]
+    fn texts_of_any_length() {
+        assert_eq!(
+            &*text(format_args!("{}{}", "app:", "order:42")),
+            "app:order:42"
+        );
+        let long = "y".repeat(1000);
+        assert_eq!(&*text(format_args!("{}{long}", "p:")), format!("p:{long}"));
     }
 
     #[test]
