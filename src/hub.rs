@@ -208,7 +208,9 @@ enum Op {
 pub(crate) struct Hub {
     subscriber: SubscriberClient,
     mode: PubSubMode,
-    channels: DashMap<Arc<str>, Slot>,
+    /// Hashed with foldhash (seeded per process): every release of a lock looks its channel
+    /// up here for a parked waiter to pass it to.
+    channels: DashMap<Arc<str>, Slot, foldhash::fast::RandomState>,
     ops: mpsc::UnboundedSender<Op>,
     generation: watch::Sender<u64>,
     closed: AtomicBool,
@@ -296,7 +298,7 @@ impl Hub {
         let hub = Arc::new(Hub {
             subscriber,
             mode,
-            channels: DashMap::new(),
+            channels: DashMap::with_hasher(Default::default()),
             ops,
             generation: watch::channel(0).0,
             closed: AtomicBool::new(false),
