@@ -371,29 +371,23 @@ impl Hub {
             .map(|slot| slot.channel.clone())
     }
 
+    /// The baton queue of `key`'s waiters on channel `name`, if any wait here.
+    fn batons(&self, name: &str, key: &str) -> Option<Arc<Queue>> {
+        let channel = self.channels.get(name)?.channel.clone();
+        let groups = channel.groups.lock();
+        let group = groups.iter().find(|g| *g.key == *key)?;
+        Some(group.batons.clone())
+    }
+
     /// Claims the first parked waiter of `key` on channel `name` that can be passed the
     /// lock (see [`crate::baton`]).
     pub(crate) fn claim_baton(&self, name: &str, key: &str) -> Option<Claim> {
-        let channel = self.channels.get(name)?.channel.clone();
-        let group = channel
-            .groups
-            .lock()
-            .iter()
-            .find(|g| *g.key == *key)?
-            .clone();
-        group.batons.claim()
+        self.batons(name, key)?.claim()
     }
 
     /// How many waiters of `key` on channel `name` a release could pass the lock to now.
     pub(crate) fn passable(&self, name: &str, key: &str) -> usize {
-        let Some(channel) = self.channels.get(name).map(|slot| slot.channel.clone()) else {
-            return 0;
-        };
-        let groups = channel.groups.lock();
-        groups
-            .iter()
-            .find(|g| *g.key == *key)
-            .map_or(0, |g| g.batons.parked())
+        self.batons(name, key).map_or(0, |batons| batons.parked())
     }
 
     /// A receiver of the generation counter, bumped whenever waiters must re-check.

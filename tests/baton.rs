@@ -187,17 +187,19 @@ async fn a_waiter_of_another_client_makes_the_release_an_ordinary_one() {
     // `other`: its own subscriber connection, as another process would have.
     let lock = client.lock("baton:foreign");
     let held = lock.lock().await.unwrap();
-    // Each holds it a while, so the message counted is the first release's.
-    let hold_a_second = |lock: Lock| {
+    // Each holds it until the messages are counted, so the one counted is the first release's.
+    let (counted, may_release) = tokio::sync::watch::channel(false);
+    let hold_until_counted = |lock: Lock| {
+        let mut may_release = may_release.clone();
         tokio::spawn(async move {
             let guard = lock.lock().await.unwrap();
-            tokio::time::sleep(Duration::from_secs(1)).await;
+            may_release.wait_for(|counted| *counted).await.unwrap();
             guard.unlock().await.unwrap();
         })
     };
-    let local = hold_a_second(lock.clone());
+    let local = hold_until_counted(lock.clone());
     parked(&lock, 1).await;
-    let foreign = hold_a_second(other.lock("baton:foreign"));
+    let foreign = hold_until_counted(other.lock("baton:foreign"));
     assert!(
         eventually(BOUND, || async { numsub(&raw, lock.channel()).await == 2 }).await,
         "the other client's waiter subscribed"
@@ -209,6 +211,7 @@ async fn a_waiter_of_another_client_makes_the_release_an_ordinary_one() {
         publishes + 1,
         "released with the unlock message, for the other client's waiter"
     );
+    counted.send(true).unwrap();
     joined(local).await;
     joined(foreign).await;
     client.shutdown().await.unwrap();
@@ -245,14 +248,26 @@ async fn a_releaser_that_no_longer_holds_gets_not_held_and_writes_nothing() {
     client.shutdown().await.unwrap();
 }
 
-/// Holds every write (scripts included) on the server for `ms`; reads still run.
-async fn pause_writes(raw: &fred::clients::Client, ms: u64) {
-    command(
-        raw,
-        "CLIENT",
-        vec!["PAUSE".into(), ms.to_string(), "WRITE".into()],
-    )
-    .await;
+/// Releases `held` while the server holds every write (scripts included; reads still run),
+/// waits until its pass has claimed the first parked waiter (`left` waiters stay claimable),
+/// cancels that waiter, and only then lets the pass run.
+async fn cancel_the_claimed_waiter(
+    raw: &fred::clients::Client,
+    lock: &Lock,
+    held: LockGuard,
+    chosen: tokio::task::JoinHandle<LockGuard>,
+    left: usize,
+) {
+    // Far longer than any wait below: it ends by the UNPAUSE, not by time.
+    let pause = vec!["PAUSE".into(), "60000".into(), "WRITE".into()];
+    command(raw, "CLIENT", pause).await;
+    let release = tokio::spawn(held.unlock());
+    // Claimed: no longer claimable, its pass waiting on the paused server.
+    parked(lock, left).await;
+    chosen.abort();
+    assert!(chosen.await.unwrap_err().is_cancelled());
+    command(raw, "CLIENT", vec!["UNPAUSE".into()]).await;
+    release.await.unwrap().unwrap();
 }
 
 #[tokio::test]
@@ -265,13 +280,7 @@ async fn a_chosen_waiter_cancelled_while_the_pass_is_in_flight_leaves_no_hold() 
     let chosen = waiter(&lock);
     parked(&lock, 1).await;
 
-    pause_writes(&raw, 1_000).await;
-    let release = tokio::spawn(held.unlock());
-    // Claimed: out of the queue, its pass waiting on the paused server.
-    parked(&lock, 0).await;
-    chosen.abort();
-    assert!(chosen.await.unwrap_err().is_cancelled());
-    release.await.unwrap().unwrap();
+    cancel_the_claimed_waiter(&raw, &lock, held, chosen, 0).await;
 
     assert!(
         eventually(Duration::from_secs(5), || async {
@@ -295,11 +304,7 @@ async fn a_hold_passed_to_a_cancelled_waiter_goes_on_to_the_next() {
     let next = waiter(&lock);
     parked(&lock, 2).await;
 
-    pause_writes(&raw, 1_000).await;
-    let release = tokio::spawn(held.unlock());
-    parked(&lock, 1).await;
-    chosen.abort();
-    release.await.unwrap().unwrap();
+    cancel_the_claimed_waiter(&raw, &lock, held, chosen, 1).await;
 
     let guard = joined(next).await;
     assert_eq!(
@@ -338,7 +343,7 @@ async fn a_passed_watchdog_hold_is_renewed_and_reenters_from_one() {
     let server = RedisServer::start();
     let client = Client::builder()
         .url(server.url())
-        .watchdog_lease(Duration::from_millis(900))
+        .watchdog_lease(Duration::from_secs(1))
         .connect()
         .await
         .unwrap();
@@ -350,7 +355,7 @@ async fn a_passed_watchdog_hold_is_renewed_and_reenters_from_one() {
             let guard = lock.lock().await.unwrap();
             let first = lock.hold_count().await.unwrap();
             // Three leases long: only renewals keep it.
-            tokio::time::sleep(Duration::from_millis(2_700)).await;
+            tokio::time::sleep(Duration::from_secs(3)).await;
             let inner = lock.lock().await.unwrap();
             let second = lock.hold_count().await.unwrap();
             inner.unlock().await.unwrap();

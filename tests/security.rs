@@ -243,3 +243,42 @@ async fn a_user_with_exactly_the_documented_acl_works() {
         let _: () = raw.flushall(false).await.unwrap();
     }
 }
+
+/// A lock user whose ACL lacks `PUBSUB NUMSUB` (an ACL written before the baton pass): the
+/// refused pass changes nothing, the release goes the ordinary way at once, and the parked
+/// waiter is woken by its message — not held out for the 30 s lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_pass_falls_back_to_an_ordinary_release() {
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let rules: Vec<&str> = LOCK_USER_ACL
+        .iter()
+        .copied()
+        .filter(|r| *r != "+pubsub|numsub")
+        .collect();
+    set_user(&raw, "locker", &rules).await;
+    let client = lock_user(&server, Duration::from_secs(30)).await.unwrap();
+    let lock = client.lock("fallback");
+    for round in 0..2 {
+        let held = lock.lock().await.unwrap();
+        let next = {
+            let lock = lock.clone();
+            tokio::spawn(async move { lock.lock().await.unwrap().unlock().await })
+        };
+        assert!(
+            support::eventually(Duration::from_secs(10), || async {
+                lock.passable_waiters() == 1
+            })
+            .await,
+            "round {round}: the waiter parked"
+        );
+        held.unlock().await.unwrap();
+        tokio::time::timeout(Duration::from_secs(10), next)
+            .await
+            .unwrap_or_else(|_| panic!("round {round}: the waiter was held out"))
+            .unwrap()
+            .unwrap();
+    }
+    assert!(!lock.is_locked().await.unwrap());
+    client.shutdown().await.unwrap();
+}
