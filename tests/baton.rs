@@ -10,6 +10,7 @@ use std::time::Duration;
 use fred::prelude::*;
 use parking_lot::Mutex;
 use redbaton::{Client, Error, Lock, LockGuard};
+use support::proxy::{Mode, Proxy};
 use support::{command, command_calls, eventually, numsub, RedisServer};
 
 const BOUND: Duration = Duration::from_secs(10);
@@ -92,6 +93,10 @@ async fn a_release_passes_the_lock_to_a_parked_task_in_one_script_without_a_mess
     assert!(!guard.is_lost());
     guard.unlock().await.unwrap();
     assert!(!lock.is_locked().await.unwrap());
+    assert!(
+        eventually(BOUND, || async { numsub(&raw, lock.channel()).await == 0 }).await,
+        "no subscription outlives the last waiter served by a pass"
+    );
     client.shutdown().await.unwrap();
 }
 
@@ -313,6 +318,100 @@ async fn a_hold_passed_to_a_cancelled_waiter_goes_on_to_the_next() {
     );
     guard.unlock().await.unwrap();
     assert!(!lock.is_locked().await.unwrap());
+    client.shutdown().await.unwrap();
+}
+
+/// A client behind `proxy` with one task holding `name` and one parked on it.
+async fn held_with_a_parked_waiter(
+    proxy: &Proxy,
+    name: &str,
+) -> (Client, Lock, LockGuard, tokio::task::JoinHandle<LockGuard>) {
+    let client = Client::builder()
+        .url(proxy.url())
+        .command_timeout(Duration::from_secs(1))
+        .reconnect_max_delay(Duration::from_millis(100))
+        .connect()
+        .await
+        .unwrap();
+    let lock = client.lock(name);
+    let held = lock.lock().await.unwrap();
+    let next = waiter(&lock);
+    parked(&lock, 1).await;
+    (client, lock, held, next)
+}
+
+/// Releases `held` so that its pass runs on the server but the reply is lost: the claimed
+/// waiter `next` holds the lock in Redis and has been handed nothing.
+async fn pass_unheard(
+    raw: &fred::clients::Client,
+    proxy: &Proxy,
+    lock: &Lock,
+    held: LockGuard,
+    next: &tokio::task::JoinHandle<LockGuard>,
+) {
+    let releaser = held.owner().to_string();
+    proxy.set(Mode::RepliesLost);
+    let outcome = held.unlock().await;
+    assert!(matches!(outcome, Err(Error::Timeout(_))), "{outcome:?}");
+    assert!(
+        eventually(BOUND, || async {
+            let now = fields(raw, lock.name()).await;
+            now.len() == 1 && !now.contains_key(&releaser)
+        })
+        .await,
+        "the pass ran on the server"
+    );
+    assert!(!next.is_finished(), "the waiter was handed nothing");
+}
+
+/// Breaks the connection with the pass's reply still awaited (its outcome is now unknown
+/// to the client), then lets the client reconnect.
+async fn break_and_reopen(proxy: &Proxy) {
+    proxy.set(Mode::Cut);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    proxy.set(Mode::Open);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_of_unknown_outcome_is_settled_and_the_waiter_served_once() {
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let proxy = Proxy::start(server.port).await;
+    let (client, lock, held, next) = held_with_a_parked_waiter(&proxy, "baton:unknown").await;
+    pass_unheard(&raw, &proxy, &lock, held, &next).await;
+    break_and_reopen(&proxy).await;
+
+    let guard = joined(next).await;
+    assert_eq!(
+        fields(&raw, "baton:unknown").await,
+        HashMap::from([(guard.owner().to_string(), 1)]),
+        "the waiter holds it alone, counted once"
+    );
+    guard.unlock().await.unwrap();
+    assert!(!lock.is_locked().await.unwrap(), "one unlock freed it");
+    client.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_of_unknown_outcome_leaves_no_hold_for_a_waiter_that_left() {
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let proxy = Proxy::start(server.port).await;
+    let (client, lock, held, next) = held_with_a_parked_waiter(&proxy, "baton:unknown-left").await;
+    pass_unheard(&raw, &proxy, &lock, held, &next).await;
+    // Nobody will unlock the hold the pass wrote: only the client's settle of the unknown
+    // outcome can end it before its 30 s lease.
+    next.abort();
+    assert!(next.await.unwrap_err().is_cancelled());
+    break_and_reopen(&proxy).await;
+
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            !lock.is_locked().await.unwrap()
+        })
+        .await,
+        "the hold written for the waiter that left was released, not left to its lease"
+    );
     client.shutdown().await.unwrap();
 }
 
