@@ -307,6 +307,11 @@ async fn release<K: Kind>(kind: K, hold: Hold) -> Result<()> {
                     passing.undo(conn, ops, &named.name).await;
                 } else {
                     passing.hand_over(&kind, sent_at, hold.passes + 1);
+                    // The next holder was just woken into this worker's next slot. Whatever
+                    // the releaser does next (often another acquire, whose send wakes the
+                    // connection's task) would push it out of that slot, onto the queue other
+                    // workers wake up to steal from: let it run first.
+                    tokio::task::yield_now().await;
                 }
                 return Ok(());
             }
