@@ -337,7 +337,7 @@ async fn wait_loop<A: Attempts>(
     }
 }
 
-/// Resolves when a releaser acted on the waiter's baton; never without one.
+/// Resolves when a releaser handed the waiter the lock; never without a ticket.
 async fn baton_acted(ticket: &Option<Ticket<'_>>) {
     match ticket {
         Some(ticket) => ticket.acted().await,

@@ -224,14 +224,14 @@ impl Ticket<'_> {
         .await
     }
 
-    /// Resolves when a releaser has claimed this waiter or handed it the lock.
+    /// Resolves when a releaser has handed this waiter the lock. A claim alone does not end
+    /// the wait: an unlock message may still come to it (the pass found another client
+    /// waiting and published), and it is this waiter's to consume.
     pub(crate) async fn acted(&self) {
         poll_fn(|cx| {
             let mut entries = self.queue.entries.lock();
             match entries.get(self.id) {
-                Some(entry) if matches!(entry.state, State::Claimed | State::Handed) => {
-                    Poll::Ready(())
-                }
+                Some(entry) if entry.state == State::Handed => Poll::Ready(()),
                 Some(entry) => {
                     entry.waker = Some(cx.waker().clone());
                     Poll::Pending
@@ -257,5 +257,44 @@ impl Drop for Ticket<'_> {
         };
         // Dropped outside the lock: the guard's drop spawns its release.
         drop(unclaimed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::pin::pin;
+    use std::task::Context;
+
+    fn is_pending(future: impl std::future::Future) -> bool {
+        let mut future = pin!(future);
+        future
+            .as_mut()
+            .poll(&mut Context::from_waker(Waker::noop()))
+            .is_pending()
+    }
+
+    #[test]
+    fn a_claimed_waiter_leaves_its_wait_only_when_handed_the_lock() {
+        // While claimed, the waiter must stay in its wait: an unlock message reaching it then
+        // (the pass found another client and published) is its to consume. Leaving as if
+        // passed would drop that wake-up onto a second waiter, and both would try.
+        let queue = Arc::new(Queue::default());
+        let ticket = queue.join(Baton {
+            task: 1,
+            lease: Lease::Watchdog,
+        });
+        ticket.park();
+        let claim = queue.claim().expect("a parked waiter is claimable");
+        assert!(is_pending(ticket.acted()), "claimed, not handed");
+        claim.withdraw();
+        assert!(is_pending(ticket.acted()), "withdrawn: parked on");
+
+        let claim = queue.claim().expect("first in line again");
+        assert!(
+            claim.hand(Box::new(())).is_none(),
+            "the waiter is still there"
+        );
+        assert!(!is_pending(ticket.acted()), "handed");
     }
 }
