@@ -990,6 +990,9 @@ async fn worker() {
 
 struct Floor {
     evalsha_p50: u64,
+    /// A trivial EVALSHA sent right after a 1 ms hold (the client's workers and the server
+    /// idle meanwhile): the round trip a hand-off after a critical section starts from.
+    after_hold_p50: u64,
     ping_p50: u64,
 }
 
@@ -1036,6 +1039,15 @@ async fn uncontended(server: &RedisServer, opts: &Opts, out: &mut String) -> Flo
                     .await
                     .expect("evalsha");
                 record("evalsha", now_ns() - t);
+            }
+            for _ in 0..per_block {
+                hold(Duration::from_millis(1)).await;
+                let t = now_ns();
+                let _: i64 = redis
+                    .evalsha(sha.as_str(), "bench:floor", ())
+                    .await
+                    .expect("evalsha");
+                record("after_hold", now_ns() - t);
             }
             for _ in 0..per_block {
                 let t = now_ns();
@@ -1116,6 +1128,7 @@ async fn uncontended(server: &RedisServer, opts: &Opts, out: &mut String) -> Flo
     }
     let floor = Floor {
         evalsha_p50: pct(&samples["evalsha"], 50.0),
+        after_hold_p50: pct(&samples["after_hold"], 50.0),
         ping_p50: pct(&samples["ping"], 50.0),
     };
     let two_floor = 2.0 * floor.evalsha_p50 as f64;
@@ -1125,6 +1138,11 @@ async fn uncontended(server: &RedisServer, opts: &Opts, out: &mut String) -> Flo
     );
     for (label, key, ratio) in [
         ("trivial EVALSHA (floor)", "evalsha", false),
+        (
+            "trivial EVALSHA right after a 1 ms hold",
+            "after_hold",
+            false,
+        ),
         ("PING", "ping", false),
         ("2 × trivial EVALSHA, back to back", "evalsha2", false),
         (
@@ -1427,12 +1445,14 @@ fn wait_targets(
 }
 
 /// The baton pass's one-process hand-off target: the release call to the next holder's
-/// acquisition p50 ≤ 1.3 × the trivial EVALSHA median, with redbaton-nobaton's ratio beside.
+/// acquisition p50 ≤ 1.3 × the trivial EVALSHA median, with redbaton-nobaton's ratio beside,
+/// and the ratio to a trivial EVALSHA sent right after a 1 ms hold (`after_hold_us`): the
+/// cheapest round trip a hand-off that follows a critical section could make.
 fn baton_handoff_target(
     targets: &mut Vec<(String, String, &'static str)>,
     rows: &[(Kind, &ContendedResult)],
     rb: &ContendedResult,
-    evalsha_us: f64,
+    (evalsha_us, after_hold_us): (f64, f64),
     label: &str,
 ) {
     let nb = rows
@@ -1448,10 +1468,12 @@ fn baton_handoff_target(
     targets.push((
         format!("baton: hand-off p50 ≤ 1.3 × EVALSHA ({label})"),
         format!(
-            "{:.0} µs = {:.2} × {:.1} µs; {nb}",
+            "{:.0} µs = {:.2} × {:.1} µs ({:.2} × {:.1} µs after a 1 ms hold); {nb}",
             rb.handoff_p50_us,
             rb.handoff_p50_us / evalsha_us,
-            evalsha_us
+            evalsha_us,
+            rb.handoff_p50_us / after_hold_us,
+            after_hold_us
         ),
         verdict(rb.handoff_p50_us <= 1.3 * evalsha_us),
     ));
@@ -1485,7 +1507,7 @@ fn hot_key_targets(
     targets: &mut Vec<(String, String, &'static str)>,
     rows: &[(Kind, ContendedResult)],
     rb: &ContendedResult,
-    evalsha_us: Option<f64>,
+    floors_us: Option<(f64, f64)>,
     tasks: usize,
 ) {
     let label = format!("hot key, {tasks} tasks, 1 process");
@@ -1494,8 +1516,8 @@ fn hot_key_targets(
         .find(|(k, _)| *k == Kind::RedbatonNoBaton)
         .map(|(_, r)| r);
     let refs: Vec<(Kind, &ContendedResult)> = rows.iter().map(|(k, r)| (*k, r)).collect();
-    if let Some(e) = evalsha_us {
-        baton_handoff_target(targets, &refs, rb, e, &label);
+    if let Some(floors) = floors_us {
+        baton_handoff_target(targets, &refs, rb, floors, &label);
     }
     // A fair FIFO leaves the releaser 1 chance in `tasks`; noise = 2 standard errors of a
     // share of 1/tasks over the contested releases measured.
@@ -1638,7 +1660,9 @@ async fn main() {
         let f = uncontended(&server, &opts, &mut out).await;
         floor = Some(f);
     }
-    let evalsha_us = floor.as_ref().map(|f| us(f.evalsha_p50));
+    let floors_us = floor
+        .as_ref()
+        .map(|f| (us(f.evalsha_p50), us(f.after_hold_p50)));
     if let (Some(f), true) = (&floor, has_rb) {
         if let Some(line) = JSON
             .lock()
@@ -1832,7 +1856,7 @@ async fn main() {
 
     // ----- targets -----
     if has_rb {
-        if let Some(e) = evalsha_us {
+        if let Some((e, after_hold)) = floors_us {
             for waiters in [1usize, 15] {
                 let rows: Vec<_> = wakeups.iter().filter(|(w, _, _)| *w == waiters).collect();
                 if let Some((_, _, rb)) = rows.iter().find(|(_, k, _)| *k == Kind::Redbaton) {
@@ -1851,7 +1875,7 @@ async fn main() {
                         &mut targets,
                         &pairs,
                         rb,
-                        e,
+                        (e, after_hold),
                         &format!("wake-up, {waiters} waiter(s)"),
                     );
                     let nb = pairs.iter().find(|(k, _)| *k == Kind::RedbatonNoBaton);
@@ -1881,7 +1905,7 @@ async fn main() {
             }
         }
         if let Some((_, rb)) = handoff_1p.iter().find(|(k, _)| *k == Kind::Redbaton) {
-            hot_key_targets(&mut targets, &handoff_1p, rb, evalsha_us, opts.tasks);
+            hot_key_targets(&mut targets, &handoff_1p, rb, floors_us, opts.tasks);
             wait_targets(
                 &mut targets,
                 &handoff_1p,
