@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use fred::error::{Error as FredError, ErrorKind};
 use fred::types::Value;
+use futures::future::Either;
 use futures::TryFutureExt;
 use tokio::time::{Instant, Sleep};
 
@@ -89,13 +90,25 @@ pub(crate) trait Attempts: Send {
     }
 }
 
-/// Disarmed on success; otherwise gives up on drop, whatever the exit.
-struct Armed<A: Attempts> {
+/// A waiter of the wait loop: its attempts and its time frame. Disarmed on success;
+/// otherwise gives up on drop, whatever the exit.
+struct Waiter<A: Attempts> {
     attempts: A,
     armed: bool,
+    /// When the call started (its first poll).
+    start: Instant,
+    /// When the caller's wait ends, if it does.
+    deadline: Option<Instant>,
 }
 
-impl<A: Attempts> Drop for Armed<A> {
+impl<A: Attempts> Waiter<A> {
+    /// Acquired: nothing to give up.
+    fn disarm(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl<A: Attempts> Drop for Waiter<A> {
     fn drop(&mut self) {
         if self.armed {
             self.attempts.give_up();
@@ -141,207 +154,220 @@ fn start<K: Kind>(
     let field = attempts.make_field();
     let span = tracing::trace_span!("acquire", lock = %named.name, owner = %field);
     attempts.field = Some(field);
-    Ok(tracing::Instrument::instrument(
-        wait_for(attempts, wait),
-        span,
-    ))
+    Ok(traced(wait_for(attempts, wait), span))
+}
+
+/// `future` inside `span` if tracing records the span. Boxed then: a parked waiter keeps its
+/// acquire future for as long as it waits, and a span would take 40 bytes of it even when
+/// nothing records it (tracing that records spans costs more than a box anyway).
+pub(crate) fn traced<F: Future + Send>(
+    future: F,
+    span: tracing::Span,
+) -> impl Future<Output = F::Output> + Send {
+    if span.is_disabled() {
+        Either::Left(future)
+    } else {
+        Either::Right(Box::pin(tracing::Instrument::instrument(future, span)))
+    }
 }
 
 /// The wait loop, recorded in metrics. Armed when called (dropped unpolled, it gives up like
-/// any waiter): callers await it at once.
+/// any waiter), and its wait starts then: callers await it at once.
 ///
-/// Not an `async fn`: its arguments would be kept in the future's state beside the values
-/// made from them, for as long as a parked waiter waits. The block owns each value once.
+/// A parked waiter's task keeps this future for as long as it waits, so it is one state
+/// machine (a loop future inside it would add its own state and its borrows of this one's),
+/// and what it keeps is kept once: the wait's frame is computed here, not in the future
+/// (which would keep its inputs beside it).
 pub(crate) fn wait_for<A: Attempts>(
     attempts: A,
     wait: Option<Duration>,
 ) -> impl Future<Output = Result<Option<A::Output>>> + Send {
-    let mut armed = Armed {
+    let start = Instant::now();
+    let mut waiter = Waiter {
         attempts,
         armed: true,
+        start,
+        // Instant + Duration::MAX would overflow: such a wait has no deadline.
+        deadline: wait.and_then(|w| start.checked_add(w)),
     };
     async move {
-        let client_metrics = armed.attempts.client().holds.metrics();
-        let attempts = &armed.attempts;
+        let client_metrics = waiter.attempts.client().holds.metrics();
+        let attempts = &waiter.attempts;
         let mut recording =
             metrics::Acquire::start(client_metrics, attempts.kind(), attempts.name());
-        let outcome = wait_loop(&mut armed, wait, &mut recording).await;
+        let outcome = 'wait: {
+            // Scoped: what only the setup needs is not kept in a parked waiter's state (a value
+            // borrowed once is kept until its scope ends, moved out or not).
+            let (mut held_for, mut unreplicated, subscription, skip_recheck, mut generation) = {
+                let (channel_name, group_key, wake) = waiter.attempts.channel();
+                // The hub is borrowed where it is used, not kept.
+                let hub = &waiter.attempts.client().hub;
+                // If the channel is already subscribed and confirmed before the first attempt, any
+                // release after that attempt reaches this process: the re-check can be skipped.
+                let early = hub.confirmed_channel(&channel_name);
+                let generation = hub.generation();
+
+                // An attempt the replicas did not acknowledge was undone: it is retried within
+                // the caller's wait, and reported only once the wait is spent. Boxed: it is rare,
+                // and kept in a parked waiter's state.
+                let mut unreplicated: Option<Box<Error>> = None;
+                let held_for = match waiter.attempts.attempt().await {
+                    Ok(Try::Got(output)) => {
+                        waiter.disarm();
+                        break 'wait Ok(Some(output));
+                    }
+                    Ok(Try::Busy(pttl)) => pttl,
+                    Err(e @ Error::NotReplicated { .. }) if !past(waiter.deadline) => {
+                        tracing::debug!(lock = %waiter.attempts.name(), error = %e, "not replicated; retrying");
+                        unreplicated = Some(Box::new(e));
+                        RETRY_AFTER_ERROR_MS
+                    }
+                    Err(e) => break 'wait Err(e),
+                };
+                if past(waiter.deadline) {
+                    break 'wait unreplicated.map_or(Ok(None), |e| Err(*e));
+                }
+                waiter.attempts.parking();
+
+                let hub = &waiter.attempts.client().hub;
+                let subscription = hub.subscribe(&channel_name, &group_key, wake);
+                recording.waiting(&group_key);
+                let skip_recheck = early.is_some_and(|ch| Arc::ptr_eq(&ch, subscription.channel()))
+                    && hub.generation() == generation;
+                (
+                    held_for,
+                    unreplicated,
+                    subscription,
+                    skip_recheck,
+                    generation,
+                )
+            };
+            // In the key's baton queue from here, so a release can pass the lock straight to it.
+            let ticket = waiter
+                .attempts
+                .baton()
+                .map(|baton| subscription.batons().join(baton));
+            if !skip_recheck {
+                // Bounded like any wait: a subscriber that is down costs at most a poll.
+                let bound = park_time(held_for, waiter.deadline).min(UNCONFIRMED_POLL);
+                tokio::select! {
+                    _ = subscription.channel().confirmed() => {}
+                    _ = tokio::time::sleep(bound) => {
+                        tracing::debug!(lock = %waiter.attempts.name(), "subscription not confirmed in time");
+                    }
+                }
+            }
+            tracing::trace!(lock = %waiter.attempts.name(), pttl = held_for, "waiting");
+
+            let mut recheck = !skip_recheck;
+            let mut woken = false;
+            let mut passed = false;
+            let mut failing_since: Option<Instant> = None;
+            loop {
+                if recheck {
+                    generation = waiter.attempts.client().hub.generation();
+                    // Passed the lock meanwhile: no attempt of its own (it would re-enter).
+                    let handed = match &ticket {
+                        Some(ticket) => ticket.start_attempt().await,
+                        None => None,
+                    };
+                    let tried = match handed.and_then(|guard| waiter.attempts.passed(guard)) {
+                        Some(output) => Ok(Try::Got(output)),
+                        None => waiter.attempts.attempt().await,
+                    };
+                    if woken || passed {
+                        recording.woken(matches!(tried, Ok(Try::Got(_))));
+                    }
+                    match tried {
+                        Ok(Try::Got(output)) => {
+                            if woken {
+                                tracing::debug!(lock = %waiter.attempts.name(), waited = ?waiter.start.elapsed(), "acquired after wake-up");
+                            }
+                            waiter.disarm();
+                            break 'wait Ok(Some(output));
+                        }
+                        Ok(Try::Busy(pttl)) => {
+                            held_for = pttl;
+                            failing_since = None;
+                            unreplicated = None;
+                        }
+                        Err(e) if e.is_transient() => {
+                            // Parked waiters ride out a restart or failover, within a bound.
+                            if woken {
+                                subscription.pass_on();
+                            }
+                            let since = *failing_since.get_or_insert_with(Instant::now);
+                            if since.elapsed() > waiter.attempts.client().holds.watchdog_lease() {
+                                break 'wait Err(e);
+                            }
+                            tracing::debug!(lock = %waiter.attempts.name(), error = %e, "retrying after error");
+                            held_for = RETRY_AFTER_ERROR_MS;
+                            unreplicated =
+                                matches!(e, Error::NotReplicated { .. }).then(|| Box::new(e));
+                        }
+                        Err(e) => {
+                            if woken {
+                                subscription.pass_on();
+                            }
+                            break 'wait Err(e);
+                        }
+                    }
+                }
+                if let Some(why) = subscription.channel().refused() {
+                    break 'wait Err(Error::Auth(format!(
+                        "subscribing to the lock's channel: {why}"
+                    )));
+                }
+                recheck = true;
+                woken = false;
+                passed = false;
+                if past(waiter.deadline) {
+                    break 'wait unreplicated.map_or(Ok(None), |e| Err(*e));
+                }
+                if waiter.attempts.client().conn.is_closed() {
+                    // Shutting down (its wake-up may have come before this turn of the loop).
+                    break 'wait Err(Error::ShutDown);
+                }
+                let mut bound = park_time(held_for, waiter.deadline);
+                if !subscription.channel().is_confirmed() {
+                    bound = bound.min(UNCONFIRMED_POLL);
+                } else if let Some(ticket) = &ticket {
+                    // Claimable only once its subscription is confirmed: until then the pass
+                    // script could not tell this client's subscriber from another client's.
+                    ticket.park();
+                }
+                let hub = &waiter.attempts.client().hub;
+                tokio::select! {
+                    biased;
+                    _ = baton_acted(&ticket) => passed = true,
+                    _ = subscription.notified() => woken = true,
+                    _ = hub.regenerated(generation) => {}
+                    _ = tokio::time::sleep(bound) => {}
+                }
+                if waiter.attempts.client().conn.is_closed() {
+                    break 'wait Err(Error::ShutDown);
+                }
+                if woken && past(waiter.deadline) {
+                    subscription.pass_on();
+                    break 'wait unreplicated.map_or(Ok(None), |e| Err(*e));
+                }
+            }
+        };
         recording.finish(&outcome);
         outcome
     }
 }
 
-async fn wait_loop<A: Attempts>(
-    armed: &mut Armed<A>,
-    wait: Option<Duration>,
-    recording: &mut metrics::Acquire,
-) -> Result<Option<A::Output>> {
-    let start = Instant::now();
-    // Instant + Duration::MAX would overflow: such a wait has no deadline.
-    let deadline = wait.and_then(|w| start.checked_add(w));
-    let (channel_name, group_key, wake) = armed.attempts.channel();
-
-    // The hub is borrowed where it is used, not kept: a parked waiter's state holds every
-    // local that lives across an await.
-    let hub = &armed.attempts.client().hub;
-    // If the channel is already subscribed and confirmed before the first attempt, any
-    // release after that attempt reaches this process: the re-check can be skipped.
-    let early = hub.confirmed_channel(&channel_name);
-    let mut generation = hub.generation();
-    generation.borrow_and_update();
-
-    // An attempt the replicas did not acknowledge was undone: it is retried within the
-    // caller's wait, and reported only once the wait is spent. Boxed: it is rare, and kept
-    // in a parked waiter's state.
-    let mut unreplicated: Option<Box<Error>> = None;
-    let mut held_for = match armed.attempts.attempt().await {
-        Ok(Try::Got(output)) => {
-            armed.armed = false;
-            return Ok(Some(output));
-        }
-        Ok(Try::Busy(pttl)) => pttl,
-        Err(e @ Error::NotReplicated { .. }) if deadline.is_none_or(|d| Instant::now() < d) => {
-            tracing::debug!(lock = %armed.attempts.name(), error = %e, "not replicated; retrying");
-            unreplicated = Some(Box::new(e));
-            RETRY_AFTER_ERROR_MS
-        }
-        Err(e) => return Err(e),
-    };
-    if deadline.is_some_and(|d| Instant::now() >= d) {
-        return unreplicated.map_or(Ok(None), |e| Err(*e));
-    }
-    armed.attempts.parking();
-
-    let subscription = armed
-        .attempts
-        .client()
-        .hub
-        .subscribe(&channel_name, &group_key, wake);
-    // In the key's baton queue from here, so a release can pass the lock straight to it.
-    let ticket = armed
-        .attempts
-        .baton()
-        .map(|baton| subscription.batons().join(baton));
-    recording.waiting(&group_key);
-    let skip_recheck = early
-        .as_ref()
-        .is_some_and(|ch| Arc::ptr_eq(ch, subscription.channel()))
-        && !generation.has_changed().unwrap_or(true);
-    if !skip_recheck {
-        // Bounded like any wait: a subscriber that is down costs at most a poll.
-        let bound = park_time(held_for, deadline).min(UNCONFIRMED_POLL);
-        tokio::select! {
-            _ = subscription.channel().confirmed() => {}
-            _ = tokio::time::sleep(bound) => {
-                tracing::debug!(lock = %armed.attempts.name(), "subscription not confirmed in time");
-            }
-        }
-    }
-    let refused = || {
-        subscription.channel().refused().map(|why| {
-            Err(Error::Auth(format!(
-                "subscribing to the lock's channel: {why}"
-            )))
-        })
-    };
-    tracing::trace!(lock = %armed.attempts.name(), pttl = held_for, "waiting");
-
-    let mut recheck = !skip_recheck;
-    let mut woken = false;
-    let mut passed = false;
-    let mut failing_since: Option<Instant> = None;
-    loop {
-        if recheck {
-            generation.borrow_and_update();
-            // Passed the lock meanwhile: no attempt of its own (it would re-enter).
-            let handed = match &ticket {
-                Some(ticket) => ticket.start_attempt().await,
-                None => None,
-            };
-            let tried = match handed.and_then(|guard| armed.attempts.passed(guard)) {
-                Some(output) => Ok(Try::Got(output)),
-                None => armed.attempts.attempt().await,
-            };
-            if woken || passed {
-                recording.woken(matches!(tried, Ok(Try::Got(_))));
-            }
-            match tried {
-                Ok(Try::Got(output)) => {
-                    if woken {
-                        tracing::debug!(lock = %armed.attempts.name(), waited = ?start.elapsed(), "acquired after wake-up");
-                    }
-                    armed.armed = false;
-                    return Ok(Some(output));
-                }
-                Ok(Try::Busy(pttl)) => {
-                    held_for = pttl;
-                    failing_since = None;
-                    unreplicated = None;
-                }
-                Err(e) if e.is_transient() => {
-                    // Parked waiters ride out a restart or failover, within a bound.
-                    if woken {
-                        subscription.pass_on();
-                    }
-                    let since = *failing_since.get_or_insert_with(Instant::now);
-                    if since.elapsed() > armed.attempts.client().holds.watchdog_lease() {
-                        return Err(e);
-                    }
-                    tracing::debug!(lock = %armed.attempts.name(), error = %e, "retrying after error");
-                    held_for = RETRY_AFTER_ERROR_MS;
-                    unreplicated = matches!(e, Error::NotReplicated { .. }).then(|| Box::new(e));
-                }
-                Err(e) => {
-                    if woken {
-                        subscription.pass_on();
-                    }
-                    return Err(e);
-                }
-            }
-        }
-        if let Some(refused) = refused() {
-            return refused;
-        }
-        recheck = true;
-        woken = false;
-        passed = false;
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            return unreplicated.map_or(Ok(None), |e| Err(*e));
-        }
-        if armed.attempts.client().conn.is_closed() {
-            // Shutting down (its wake-up may have come before this turn of the loop).
-            return Err(Error::ShutDown);
-        }
-        let mut bound = park_time(held_for, deadline);
-        if !subscription.channel().is_confirmed() {
-            bound = bound.min(UNCONFIRMED_POLL);
-        } else if let Some(ticket) = &ticket {
-            // Claimable only once its subscription is confirmed: until then the pass script
-            // could not tell this client's subscriber from another client's.
-            ticket.park();
-        }
-        tokio::select! {
-            biased;
-            _ = baton_acted(&ticket) => passed = true,
-            _ = subscription.notified() => woken = true,
-            _ = generation.changed() => {}
-            _ = tokio::time::sleep(bound) => {}
-        }
-        if armed.attempts.client().conn.is_closed() {
-            return Err(Error::ShutDown);
-        }
-        if woken && deadline.is_some_and(|d| Instant::now() >= d) {
-            subscription.pass_on();
-            return unreplicated.map_or(Ok(None), |e| Err(*e));
-        }
-    }
+/// Whether the caller's wait is over.
+fn past(deadline: Option<Instant>) -> bool {
+    deadline.is_some_and(|d| Instant::now() >= d)
 }
 
 /// Resolves when a releaser handed the waiter the lock; never without a ticket.
-async fn baton_acted(ticket: &Option<Ticket<'_>>) {
+fn baton_acted<'t>(ticket: &'t Option<Ticket<'_>>) -> impl Future<Output = ()> + Send + 't {
     match ticket {
-        Some(ticket) => ticket.acted().await,
-        None => std::future::pending().await,
+        Some(ticket) => Either::Left(ticket.acted()),
+        None => Either::Right(std::future::pending()),
     }
 }
 

@@ -21,7 +21,8 @@
 //! [`Wake`] rule. After the subscriber reconnects, or when the message stream lagged, messages
 //! may have been lost: the hub then bumps its *generation* and every waiter re-checks.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use dashmap::DashMap;
@@ -30,7 +31,7 @@ use fred::interfaces::{ClientLike, ClusterInterface, EventInterface, PubsubInter
 use fred::types::{ClusterHash, CustomCommand, Value};
 use parking_lot::Mutex;
 use tokio::sync::broadcast::error::RecvError;
-use tokio::sync::{mpsc, watch, Notify};
+use tokio::sync::{mpsc, Notify};
 
 use crate::baton::{Claim, Queue};
 use crate::config::PubSubMode;
@@ -79,19 +80,24 @@ pub(crate) struct Group {
 
 impl Group {
     /// Parks until a message wakes this waiter.
-    async fn wait(&self, wake: Wake) {
-        match wake {
-            Wake::Lock => self.notify.notified().await,
-            Wake::Permits => loop {
-                let notified = self.notify.notified();
-                tokio::pin!(notified);
+    ///
+    /// Not an `async fn`: a parked waiter keeps this future, and as an `async fn` it would
+    /// keep its arguments twice (as passed, and as bound), 8 bytes more.
+    #[allow(clippy::manual_async_fn)]
+    fn wait(&self, wake: Wake) -> impl Future<Output = ()> + Send + '_ {
+        async move {
+            if wake == Wake::Lock {
+                return self.notify.notified().await;
+            }
+            loop {
+                let mut notified = std::pin::pin!(self.notify.notified());
                 // Registered before the check: a wake-up counted after it notifies this one.
                 notified.as_mut().enable();
                 if self.take_pending() {
                     return;
                 }
                 notified.await;
-            },
+            }
         }
     }
 
@@ -212,7 +218,12 @@ pub(crate) struct Hub {
     /// up here for a parked waiter to pass it to.
     channels: DashMap<Arc<str>, Slot, foldhash::fast::RandomState>,
     ops: mpsc::UnboundedSender<Op>,
-    generation: watch::Sender<u64>,
+    /// Bumped whenever every waiter must re-check (reconnect, lag, shutdown); `rechecks`
+    /// then wakes the parked ones. A counter and a `Notify` rather than a `watch` channel: a
+    /// parked waiter keeps what it waits on, and a `watch` receiver's wait is twice a
+    /// `Notified`.
+    generation: AtomicU64,
+    rechecks: Notify,
     closed: AtomicBool,
 }
 
@@ -229,8 +240,8 @@ impl Subscription {
     }
 
     /// Parks until a message for this waiter's key wakes it.
-    pub(crate) async fn notified(&self) {
-        self.group.wait(self.channel.wake).await
+    pub(crate) fn notified(&self) -> impl Future<Output = ()> + Send + '_ {
+        self.group.wait(self.channel.wake)
     }
 
     /// The baton queue of this waiter's key.
@@ -300,7 +311,8 @@ impl Hub {
             mode,
             channels: DashMap::with_hasher(Default::default()),
             ops,
-            generation: watch::channel(0).0,
+            generation: AtomicU64::new(0),
+            rechecks: Notify::new(),
             closed: AtomicBool::new(false),
         });
         if mode == PubSubMode::Sharded && hub.subscriber.is_clustered() {
@@ -390,14 +402,27 @@ impl Hub {
         self.batons(name, key).map_or(0, |batons| batons.parked())
     }
 
-    /// A receiver of the generation counter, bumped whenever waiters must re-check.
-    pub(crate) fn generation(&self) -> watch::Receiver<u64> {
-        self.generation.subscribe()
+    /// The generation counter, bumped whenever waiters must re-check: a waiter that saw
+    /// this value re-checks once it changes.
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::SeqCst)
+    }
+
+    /// Resolves once the generation is no longer `seen`.
+    pub(crate) async fn regenerated(&self, seen: u64) {
+        // Made before the check, it is woken by any bump after it: `notify_waiters` reaches
+        // every `Notified` made before the call, polled yet or not. (SeqCst on both sides:
+        // the bump precedes the notification, the notified's making the check.)
+        let notified = self.rechecks.notified();
+        if self.generation() == seen {
+            notified.await;
+        }
     }
 
     /// Wakes every waiter so it re-checks its lock (reconnect, lag, shutdown).
     pub(crate) fn wake_all(&self) {
-        self.generation.send_modify(|g| *g += 1);
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        self.rechecks.notify_waiters();
     }
 
     /// Closes the subscriber connection; the hub's tasks end with it.

@@ -8,7 +8,7 @@ use std::time::Duration;
 use fred::interfaces::KeysInterface;
 use fred::types::Value;
 
-use crate::acquire::{bounded, wait_for, Attempts, Finish, Try};
+use crate::acquire::{bounded, traced, wait_for, Attempts, Finish, Try};
 use crate::client::ClientInner;
 use crate::conn::{lua_script, Failed, LuaScript};
 use crate::hub::Wake;
@@ -253,7 +253,7 @@ impl Semaphore {
             recheck_ms: self.recheck.as_millis() as u64,
         };
         let span = tracing::trace_span!("acquire", semaphore = %named.name, permits);
-        let taken = tracing::Instrument::instrument(wait_for(attempts, wait), span).await?;
+        let taken = traced(wait_for(attempts, wait), span).await?;
         Ok(taken.map(Taken::keep).is_some())
     }
 }

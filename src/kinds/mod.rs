@@ -30,38 +30,31 @@ pub struct Named {
     pub(crate) client: Arc<ClientInner>,
     pub(crate) name: String,
     pub(crate) key: Arc<str>,
-    invalid: Option<String>,
 }
 
 impl Named {
     pub(crate) fn new(client: Arc<ClientInner>, name: &str) -> Named {
-        let invalid = if name.is_empty() {
-            Some("lock name is empty".to_owned())
-        } else if name.len() > MAX_NAME_LEN {
-            Some(format!(
-                "lock name is {} bytes long; the limit is {MAX_NAME_LEN}",
-                name.len()
-            ))
-        } else {
-            None
-        };
         let key = text(format_args!("{}{name}", client.config.key_prefix));
         Named {
             client,
             name: name.to_owned(),
             key,
-            invalid,
         }
     }
 
-    /// Refuses use after shutdown and names Redis cannot take.
+    /// Refuses use after shutdown and names Redis cannot take. (The name is checked here, not
+    /// once when the handle is made: a handle is often made for one call, and a field for
+    /// the verdict would be kept in every one of them.)
     pub(crate) fn check(&self) -> Result<()> {
         if self.client.conn.is_closed() {
             return Err(Error::ShutDown);
         }
-        match &self.invalid {
-            Some(why) => Err(Error::InvalidArgument(why.clone())),
-            None => Ok(()),
+        match self.name.len() {
+            0 => Err(Error::InvalidArgument("lock name is empty".to_owned())),
+            len if len > MAX_NAME_LEN => Err(Error::InvalidArgument(format!(
+                "lock name is {len} bytes long; the limit is {MAX_NAME_LEN}"
+            ))),
+            _ => Ok(()),
         }
     }
 
