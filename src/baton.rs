@@ -11,9 +11,11 @@
 //! Fairness across clients comes first: the script passes only while nothing but this
 //! client's own subscriber listens on the lock's channel (anyone else subscribed may be
 //! waiting), and a lock passes at most [`Config::baton_passes`](crate::Config::baton_passes)
-//! times in a row before an ordinary release. On a cluster with classic pub/sub the
-//! subscriber count is the key's node's only, so that bound is what serves waiters subscribed
-//! through other nodes.
+//! times in a row before an ordinary release. A release that found another client waiting
+//! makes the next few releases of that key ordinary ones without asking: that client most
+//! likely still waits. On a cluster with classic pub/sub the subscriber count is the key's
+//! node's only, so the bound on passes in a row is what serves waiters subscribed through
+//! other nodes.
 //!
 //! Each parked waiter that can take a pass has an entry in its key's [`Queue`] — a plain
 //! record in one shared deque, not an allocation of its own (10,000 parked waiters must not
@@ -28,12 +30,19 @@
 use std::any::Any;
 use std::collections::VecDeque;
 use std::future::poll_fn;
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::sync::Arc;
 use std::task::{Poll, Waker};
 
 use parking_lot::Mutex;
 
 use crate::holds::Lease;
+
+/// Releases of a key made the ordinary way, without a claim, after a pass found another
+/// client waiting: that client most likely still waits (it is served by the unlock message,
+/// and so is everyone here), so passing is not worth its costs meanwhile — a claimed waiter
+/// sits out the release's round trip, and the script counts the channel's subscribers.
+const ORDINARY_AFTER_ANOTHER_CLIENT: u32 = 8;
 
 /// Who a waiter is, for a pass: what the releaser needs to write its hold.
 #[derive(Clone, Copy, Debug)]
@@ -87,6 +96,8 @@ impl Entries {
 #[derive(Default)]
 pub(crate) struct Queue {
     entries: Mutex<Entries>,
+    /// Releases still to make without a claim (see [`ORDINARY_AFTER_ANOTHER_CLIENT`]).
+    ordinary: AtomicU32,
 }
 
 impl Queue {
@@ -119,6 +130,10 @@ impl Queue {
     /// Claims the first parked waiter. It keeps its place until it leaves, so a withdrawn
     /// claim leaves it first in line; waiters busy with an attempt of their own are skipped.
     pub(crate) fn claim(self: &Arc<Self>) -> Option<Claim> {
+        let skip = |n: u32| n.checked_sub(1);
+        if self.ordinary.fetch_update(Relaxed, Relaxed, skip).is_ok() {
+            return None;
+        }
         let mut entries = self.entries.lock();
         let entry = entries
             .queue
@@ -161,6 +176,15 @@ impl Claim {
             entry.state = State::Parked;
             wake(entry);
         }
+    }
+
+    /// Not passed: another client was found waiting, and the release was an ordinary one.
+    /// The next few releases are ordinary too.
+    pub(crate) fn another_client_waits(self) {
+        self.queue
+            .ordinary
+            .store(ORDINARY_AFTER_ANOTHER_CLIENT, Relaxed);
+        self.withdraw();
     }
 
     /// Hands the passed lock's guard over. Returns it if the waiter has left meanwhile: the
@@ -296,5 +320,29 @@ mod tests {
             "the waiter is still there"
         );
         assert!(!is_pending(ticket.acted()), "handed");
+    }
+
+    #[test]
+    fn after_another_client_was_found_waiting_releases_are_ordinary_for_a_while() {
+        // The pass script found another client subscribed and released the ordinary way:
+        // that client is likely still waiting, so the next releases skip the claim (a claimed
+        // waiter sits out the round trip) and the subscriber count, until a few went by.
+        let queue = Arc::new(Queue::default());
+        let ticket = queue.join(Baton {
+            task: 1,
+            lease: Lease::Watchdog,
+        });
+        ticket.park();
+        queue.claim().unwrap().another_client_waits();
+        for release in 0..ORDINARY_AFTER_ANOTHER_CLIENT {
+            assert!(
+                queue.claim().is_none(),
+                "release {release} is an ordinary one"
+            );
+        }
+        assert!(
+            queue.claim().is_some(),
+            "then the waiter is claimable again"
+        );
     }
 }

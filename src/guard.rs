@@ -315,6 +315,8 @@ async fn release<K: Kind>(kind: K, hold: Hold) -> Result<()> {
                 }
                 return Ok(());
             }
+            // Released the ordinary way, message and all: another client was waiting.
+            Ok(reply) if reply.as_i64() == Some(0) => passing.another_client_waits(),
             // The pass may have run: the next owner's count, like the releaser's, is trimmed
             // back to what this client accounts for (none), which releases it.
             Err(Failed::MaybeRan(_) | Failed::Unreplicated { .. }) => passing.settle(conn),
@@ -458,6 +460,11 @@ impl<K: Kind> Passing<K> {
     /// Not passed: the waiter parks on (an ordinary release wakes it as any waiter).
     fn withdraw(self) {
         self.claim.withdraw();
+    }
+
+    /// Not passed, because another client was waiting; the waiter parks on.
+    fn another_client_waits(self) {
+        self.claim.another_client_waits();
     }
 
     /// The pass's outcome is unknown: the next owner's count is trimmed back to none.
