@@ -138,7 +138,8 @@ pub struct Config {
     /// does both; no unlock message, no second round trip, no chance for the releaser to win
     /// it back). After that many, the release is an ordinary one with an unlock message, so
     /// waiters elsewhere get their chance. A hand-off happens only while no other client is
-    /// subscribed to the lock's channel (default 16; `0` turns it off).
+    /// subscribed to the lock's channel; once one was found, the next few releases of that
+    /// lock are ordinary ones (default 16; `0` turns it off).
     pub baton_passes: u32,
 }
 
