@@ -85,8 +85,17 @@ struct Entries {
 }
 
 impl Entries {
+    /// Where waiter `id` is in the queue, if still there.
+    fn position(&self, id: u64) -> Option<usize> {
+        match self.queue.front() {
+            // A waiter served in turn is first in line.
+            Some(e) if e.id == id => Some(0),
+            _ => self.queue.binary_search_by_key(&id, |e| e.id).ok(),
+        }
+    }
+
     fn get(&mut self, id: u64) -> Option<&mut Entry> {
-        let at = self.queue.binary_search_by_key(&id, |e| e.id).ok()?;
+        let at = self.position(id)?;
         self.queue.get_mut(at)
     }
 }
@@ -271,11 +280,7 @@ impl Drop for Ticket<'_> {
     fn drop(&mut self) {
         let unclaimed = {
             let mut entries = self.queue.entries.lock();
-            // A waiter served in turn is first in line.
-            let at = match entries.queue.front() {
-                Some(e) if e.id == self.id => Some(0),
-                _ => entries.queue.binary_search_by_key(&self.id, |e| e.id).ok(),
-            };
+            let at = entries.position(self.id);
             at.and_then(|at| entries.queue.remove(at))
                 .and_then(|e| e.handed)
         };
@@ -289,6 +294,16 @@ mod tests {
     use super::*;
     use std::pin::pin;
     use std::task::Context;
+
+    /// A waiter of `queue`, parked.
+    fn parked_waiter(queue: &Queue) -> Ticket<'_> {
+        let ticket = queue.join(Baton {
+            task: 1,
+            lease: Lease::Watchdog,
+        });
+        ticket.park();
+        ticket
+    }
 
     fn is_pending(future: impl std::future::Future) -> bool {
         let mut future = pin!(future);
@@ -304,11 +319,7 @@ mod tests {
         // (the pass found another client and published) is its to consume. Leaving as if
         // passed would drop that wake-up onto a second waiter, and both would try.
         let queue = Arc::new(Queue::default());
-        let ticket = queue.join(Baton {
-            task: 1,
-            lease: Lease::Watchdog,
-        });
-        ticket.park();
+        let ticket = parked_waiter(&queue);
         let claim = queue.claim().expect("a parked waiter is claimable");
         assert!(is_pending(ticket.acted()), "claimed, not handed");
         claim.withdraw();
@@ -328,11 +339,7 @@ mod tests {
         // that client is likely still waiting, so the next releases skip the claim (a claimed
         // waiter sits out the round trip) and the subscriber count, until a few went by.
         let queue = Arc::new(Queue::default());
-        let ticket = queue.join(Baton {
-            task: 1,
-            lease: Lease::Watchdog,
-        });
-        ticket.park();
+        let _waiter = parked_waiter(&queue);
         queue.claim().unwrap().another_client_waits();
         for release in 0..ORDINARY_AFTER_ANOTHER_CLIENT {
             assert!(

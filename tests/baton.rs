@@ -503,16 +503,7 @@ async fn passes_racing_shutdown_leave_nothing_held() {
             std::hint::spin_loop();
         }
         client.shutdown().await.unwrap();
-        for name in names {
-            // A release in flight lands within moments; a leaked hold stays for its 30 s lease.
-            let released = eventually(Duration::from_secs(5), || async {
-                raw.exists::<i64, _>(&name).await.unwrap() == 0
-            })
-            .await;
-            if !released {
-                leaked.push(name);
-            }
-        }
+        leaked.extend(support::still_held(&raw, names).await);
     }
     assert!(leaked.is_empty(), "left held after shutdown: {leaked:?}");
 }

@@ -1004,17 +1004,7 @@ async fn shutdown_racing_releases_leaves_nothing_held() {
             std::hint::spin_loop();
         }
         client.shutdown().await.unwrap();
-        for name in names {
-            // A release still in flight lands within moments; a leaked hold stays for its
-            // 30 s lease.
-            let released = eventually(Duration::from_secs(5), || async {
-                raw.exists::<i64, _>(&name).await.unwrap() == 0
-            })
-            .await;
-            if !released {
-                leaked.push(name);
-            }
-        }
+        leaked.extend(support::still_held(&raw, names).await);
     }
     assert!(
         leaked.is_empty(),

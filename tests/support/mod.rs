@@ -238,6 +238,25 @@ where
     }
 }
 
+/// The names among `names` still held after a few seconds: a release in flight lands within
+/// moments, a leaked hold stays for its lease.
+pub async fn still_held(
+    raw: &fred::clients::Client,
+    names: impl IntoIterator<Item = String>,
+) -> Vec<String> {
+    let mut held = Vec::new();
+    for name in names {
+        let released = eventually(Duration::from_secs(5), || async {
+            raw.exists::<i64, _>(&name).await.unwrap() == 0
+        })
+        .await;
+        if !released {
+            held.push(name);
+        }
+    }
+    held
+}
+
 pub mod cluster;
 pub mod proxy;
 pub mod sentinel;
