@@ -293,9 +293,9 @@ async fn release<K: Kind>(kind: K, hold: Hold) -> Result<()> {
         passing = Passing::claim(&kind, &hold).await;
     }
     let sent_at = Instant::now();
-    let call = match &mut passing {
-        Some(passing) => passing.call.take().expect("a claimed pass has its call"),
-        None => ops.release(conn, &hold.field, 1, 0),
+    let (passing, call) = match passing {
+        Some((passing, call)) => (Some(passing), call),
+        None => (None, ops.release(conn, &hold.field, 1, 0)),
     };
     let mut outcome = bounded(call, conn).await;
     if let Some(passing) = passing {
@@ -378,7 +378,7 @@ async fn release<K: Kind>(kind: K, hold: Hold) -> Result<()> {
 /// The pass script's reply when the lock went to the claimed waiter.
 const PASSED: i64 = -2;
 
-/// A baton pass under way: the claimed waiter, its turn, and the pass script to send.
+/// A baton pass under way: the claimed waiter, and its turn.
 struct Passing<K: Kind> {
     claim: Claim,
     /// The next owner's turn, held from before the pass is sent until its hold is registered:
@@ -387,14 +387,14 @@ struct Passing<K: Kind> {
     field: Arc<str>,
     lease: Lease,
     extra: K::Extra,
-    call: Option<crate::conn::Call>,
 }
 
 impl<K: Kind> Passing<K> {
     /// Claims the first parked waiter that can take `hold`'s lock, if the kind passes, the
     /// client allows another pass in a row, and that waiter's turn is free (it is, unless an
-    /// abandoned attempt of its own is still finishing). `None`: release as usual.
-    async fn claim(kind: &K, hold: &Hold) -> Option<Passing<K>> {
+    /// abandoned attempt of its own is still finishing), with the pass script to send.
+    /// `None`: release as usual.
+    async fn claim(kind: &K, hold: &Hold) -> Option<(Passing<K>, crate::conn::Call)> {
         let named = kind.named();
         let client = &named.client;
         if !K::PASSES
@@ -422,14 +422,14 @@ impl<K: Kind> Passing<K> {
             claim.withdraw();
             return None;
         };
-        Some(Passing {
+        let passing = Passing {
             claim,
             turn,
             field,
             lease,
             extra,
-            call: Some(call),
-        })
+        };
+        Some((passing, call))
     }
 
     /// The lock is the waiter's: registers its hold (with the watchdog, for a watchdog
