@@ -5,8 +5,12 @@
 //! `SET NX PX` lock (10 ms sleep and jittered), the peer crates `rslock`, `rlock` and
 //! `redisson`, and redbaton twice: `redbaton` at its defaults (baton pass on) and
 //! `redbaton-nobaton` (`baton_passes(0)`, the behaviour before the baton pass) — uncontended, reentrant, hand-off (1 process and several
-//! processes), wake-up without barging, many keys and parked waiters. It prints markdown
-//! tables, a target summary and one JSON line per scenario and contender.
+//! processes), wake-up without barging, many keys and parked waiters. `redbaton-scripts`
+//! sends redbaton's own acquire and release scripts straight through fred with no library
+//! around them (polling 10 ms), so the many-keys table separates what the library costs from
+//! what the protocol costs; that table also gives the CPU time each acquisition costs the
+//! bench process and redis-server. It prints markdown tables, a target summary and one JSON
+//! line per scenario and contender.
 //!
 //! Sizes are flags: `cargo bench --bench compare -- secs=2 procs=4 only=handoff,wakeup`, or
 //! the same as environment variables (`RB_SECS=2`). See `Opts` for the list.
@@ -238,6 +242,9 @@ enum Kind {
     /// redbaton with `baton_passes(0)`: every release is an ordinary one (the behaviour before
     /// the baton pass), measured beside `Redbaton` in the same run.
     RedbatonNoBaton,
+    /// redbaton's own acquire and release scripts sent straight through fred, no library:
+    /// what the protocol costs without redbaton's layer.
+    Scripts,
     Naive,
     NaiveJitter,
     Rslock,
@@ -250,9 +257,10 @@ enum Kind {
 }
 
 impl Kind {
-    const ALL: [Kind; 9] = [
+    const ALL: [Kind; 10] = [
         Kind::Redbaton,
         Kind::RedbatonNoBaton,
+        Kind::Scripts,
         Kind::Naive,
         Kind::NaiveJitter,
         Kind::Rslock,
@@ -266,6 +274,7 @@ impl Kind {
         match self {
             Kind::Redbaton => "redbaton",
             Kind::RedbatonNoBaton => "redbaton-nobaton",
+            Kind::Scripts => "redbaton-scripts",
             Kind::Naive => "naive-10ms",
             Kind::NaiveJitter => "naive-jitter",
             Kind::Rslock => "rslock",
@@ -285,6 +294,7 @@ impl Kind {
         match self {
             Kind::Redbaton => "baton pass in process, else pub/sub wake one",
             Kind::RedbatonNoBaton => "pub/sub, wake one",
+            Kind::Scripts => "poll 10 ms (no library)",
             Kind::Naive => "poll 10 ms",
             Kind::NaiveJitter => "poll U(0,20) ms",
             Kind::Rslock => "poll U(0,200) ms",
@@ -305,7 +315,7 @@ impl Kind {
             | Kind::RslockTuned
             | Kind::Rlock
             | Kind::RlockTuned => &["set"],
-            Kind::Redbaton | Kind::RedbatonNoBaton | Kind::Redisson => &[],
+            Kind::Redbaton | Kind::RedbatonNoBaton | Kind::Scripts | Kind::Redisson => &[],
         }
     }
 }
@@ -318,6 +328,13 @@ enum Ctx {
         release: Script,
         jitter: bool,
     },
+    Scripts {
+        redis: fred::clients::Client,
+        acquire: Script,
+        release: Script,
+        /// Stands in for the client uuid of redbaton's owner fields.
+        uuid: String,
+    },
     Rslock(Box<rslock::LockManager>),
     /// The lock and the options its acquires use.
     Rlock(Box<rlock::async_lock::RLock>, rlock::AcquireOptions),
@@ -328,6 +345,7 @@ enum Ctx {
 enum Held {
     Redbaton(redbaton::LockGuard),
     Naive { key: String, token: String },
+    Scripts { key: String, field: String },
     Rslock(rslock::LockGuard),
     Rlock(rlock::async_lock::RLockGuard),
     Redisson(redisson::AsyncRLock),
@@ -362,6 +380,19 @@ impl Ctx {
                     redis,
                     release,
                     jitter: kind == Kind::NaiveJitter,
+                }
+            }
+            Kind::Scripts => {
+                let redis = fred_client(url).await;
+                let acquire = Script::from_lua(include_str!("../lua/lock/acquire.lua"));
+                let release = Script::from_lua(include_str!("../lua/lock/release.lua"));
+                acquire.load(&redis).await.expect("script load");
+                release.load(&redis).await.expect("script load");
+                Ctx::Scripts {
+                    redis,
+                    acquire,
+                    release,
+                    uuid: format!("{:032x}", fastrand::u128(..)),
                 }
             }
             Kind::Rslock => Ctx::Rslock(Box::new(rslock::LockManager::new(vec![url.to_owned()]))),
@@ -430,6 +461,27 @@ impl Ctx {
                     tokio::time::sleep(Duration::from_micros(pause)).await;
                 }
             }
+            Ctx::Scripts {
+                redis,
+                acquire,
+                uuid,
+                ..
+            } => {
+                let field = format!("{uuid}:{}", TOKENS.fetch_add(1, Ordering::Relaxed));
+                loop {
+                    let reply: Vec<i64> = acquire
+                        .evalsha(redis, name, vec!["30000", field.as_str()])
+                        .await
+                        .expect("acquire");
+                    if reply.first() == Some(&1) {
+                        return Held::Scripts {
+                            key: name.to_owned(),
+                            field,
+                        };
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
             Ctx::Rslock(manager) => Held::Rslock(
                 manager
                     .acquire(name.as_bytes(), Duration::from_secs(30))
@@ -459,6 +511,17 @@ impl Ctx {
                     .await
                     .expect("release");
             }
+            (Ctx::Scripts { redis, release, .. }, Held::Scripts { key, field }) => {
+                let channel = format!("redisson_lock__channel:{{{key}}}");
+                let _: i64 = release
+                    .evalsha(
+                        redis,
+                        vec![key.as_str(), channel.as_str()],
+                        vec![field.as_str(), "1", "0", "0", "PUBLISH"],
+                    )
+                    .await
+                    .expect("release");
+            }
             (_, Held::Rslock(guard)) => guard.release().await,
             (_, Held::Rlock(mut guard)) => guard.release().await.expect("rlock release"),
             (_, Held::Redisson(lock)) => {
@@ -471,7 +534,7 @@ impl Ctx {
     async fn shutdown(self) {
         match self {
             Ctx::Redbaton(client) => client.shutdown().await.expect("shutdown"),
-            Ctx::Naive { redis, .. } => {
+            Ctx::Naive { redis, .. } | Ctx::Scripts { redis, .. } => {
                 let _ = redis.quit().await;
             }
             Ctx::Rslock(_) => {}
@@ -1207,9 +1270,10 @@ async fn many_keys(
     server: &RedisServer,
     raw: &fred::clients::Client,
     opts: &Opts,
-) -> (f64, (f64, f64)) {
+) -> ManyRun {
     let ctx = Arc::new(Ctx::connect(kind, &server.url()).await);
     let before = command_calls(raw).await;
+    let (client_cpu, server_cpu) = (process_cpu_us(), server_cpu_us(raw).await);
     let start_ns = now_ns() + 50_000_000;
     let end_ns = start_ns + (opts.secs * 1e9) as u64;
     let count = Arc::new(AtomicU64::new(0));
@@ -1230,21 +1294,60 @@ async fn many_keys(
         h.await.expect("task");
     }
     let elapsed = (now_ns() - start_ns) as f64 / 1e9;
-    let after = command_calls(raw).await;
     let n = count.load(Ordering::Relaxed) as usize;
+    let client_us = (process_cpu_us() - client_cpu) / n.max(1) as f64;
+    let server_us = (server_cpu_us(raw).await - server_cpu) / n.max(1) as f64;
+    let after = command_calls(raw).await;
     if let Ok(ctx) = Arc::try_unwrap(ctx) {
         ctx.shutdown().await;
     }
-    (
-        n as f64 / elapsed,
-        commands_per_acq(kind, &before, &after, n),
-    )
+    ManyRun {
+        rate: n as f64 / elapsed,
+        cmds: commands_per_acq(kind, &before, &after, n),
+        client_us,
+        server_us,
+    }
+}
+
+/// One many-keys run of one contender.
+struct ManyRun {
+    rate: f64,
+    /// Commands per acquisition: (network, in scripts).
+    cmds: (f64, f64),
+    /// CPU time per acquisition, µs: this process (all its threads) and redis-server.
+    client_us: f64,
+    server_us: f64,
+}
+
+/// CPU time this process has used so far (user + system, all threads), in µs.
+fn process_cpu_us() -> f64 {
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage writes into the struct it is given and nothing else.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
+    let us = |t: libc::timeval| t.tv_sec as f64 * 1e6 + t.tv_usec as f64;
+    us(usage.ru_utime) + us(usage.ru_stime)
+}
+
+/// CPU time redis-server has used so far (`INFO cpu`: used_cpu_user + used_cpu_sys), in µs.
+async fn server_cpu_us(raw: &fred::clients::Client) -> f64 {
+    let info: String = raw
+        .info(Some(fred::types::InfoKind::Cpu))
+        .await
+        .expect("INFO cpu");
+    info.lines()
+        .filter_map(|line| {
+            let (key, value) = line.trim().split_once(':')?;
+            matches!(key, "used_cpu_user" | "used_cpu_sys").then(|| value.parse::<f64>().ok())?
+        })
+        .sum::<f64>()
+        * 1e6
 }
 
 fn ctx_tag(ctx: &Ctx) -> &'static str {
     match ctx {
         Ctx::Redbaton(_) => "rb",
         Ctx::Naive { .. } => "naive",
+        Ctx::Scripts { .. } => "scripts",
         Ctx::Rslock(_) => "rslock",
         Ctx::Rlock(..) => "rlock",
         Ctx::Redisson(_) => "redisson",
@@ -1782,22 +1885,32 @@ async fn main() {
         ceiling = evalsha_ceiling;
         let fmt = |c: Option<f64>| c.map_or("n/a".into(), |c| format!("{c:.0}"));
         out.push_str(&format!(
-            "\n### Many keys: {} names, {} tasks, lock+unlock without hold\n\nredis-benchmark in this run: trivial EVALSHA {} req/s (-c {}, no pipelining); ceiling (-c 128 -P 16): trivial EVALSHA {} req/s, SET {} req/s. One lock+unlock is two commands, so the ceiling for a script lock is EVALSHA / 2.\n\n{} run(s) per contender, interleaved; acq/s is the median run, spread = lowest–highest run.\n\n| contender | acq/s (median) | spread | fraction of (EVALSHA ceiling / 2) | ratio to redbaton | net cmds/acq | script cmds/acq |\n|---|---|---|---|---|---|---|\n",
+            "\n### Many keys: {} names, {} tasks, lock+unlock without hold\n\nredis-benchmark in this run: trivial EVALSHA {} req/s (-c {}, no pipelining); ceiling (-c 128 -P 16): trivial EVALSHA {} req/s, SET {} req/s. One lock+unlock is two commands, so the ceiling for a script lock is EVALSHA / 2.\n\n{} run(s) per contender, interleaved; acq/s is the median run, spread = lowest–highest run.\n\n| contender | acq/s (median) | spread | fraction of (EVALSHA ceiling / 2) | ratio to redbaton | client CPU µs/acq | redis-server CPU µs/acq | net cmds/acq | script cmds/acq |\n|---|---|---|---|---|---|---|---|---|\n",
             opts.names, opts.many_tasks, fmt(evalsha_c64), opts.many_tasks,
             fmt(evalsha_ceiling), fmt(set_ceiling), opts.rounds,
         ));
         let mut rates: Vec<Vec<f64>> = vec![Vec::new(); opts.contenders.len()];
         let mut cmds_of: Vec<(f64, f64)> = vec![(0.0, 0.0); opts.contenders.len()];
+        let mut cpu_of: Vec<Vec<(f64, f64)>> = vec![Vec::new(); opts.contenders.len()];
         for round in 0..opts.rounds {
             for (i, &k) in opts.contenders.iter().enumerate() {
-                let (rate, cmds) = many_keys(k, &server, &raw, &opts).await;
-                eprintln!("many keys, run {}: {} {rate:.0} acq/s", round + 1, k.name());
+                let run = many_keys(k, &server, &raw, &opts).await;
+                let rate = run.rate;
+                eprintln!(
+                    "many keys, run {}: {} {rate:.0} acq/s, CPU µs/acq: client {:.1}, server {:.1}",
+                    round + 1,
+                    k.name(),
+                    run.client_us,
+                    run.server_us
+                );
                 json_line(
                     json!({"scenario": "many_keys_run", "contender": k.name(), "run": round + 1,
-                    "acq_per_s": rate}),
+                    "acq_per_s": rate, "client_cpu_us_per_acq": run.client_us,
+                    "server_cpu_us_per_acq": run.server_us}),
                 );
                 rates[i].push(rate);
-                cmds_of[i] = cmds;
+                cpu_of[i].push((run.client_us, run.server_us));
+                cmds_of[i] = run.cmds;
             }
         }
         let median = |v: &[f64]| {
@@ -1816,14 +1929,18 @@ async fn main() {
             let hi = rates[i].iter().copied().fold(0.0, f64::max);
             let ratio = evalsha_ceiling.map(|c| rate / (c / 2.0));
             let cmds = cmds_of[i];
+            let client_us = median(&cpu_of[i].iter().map(|c| c.0).collect::<Vec<_>>());
+            let server_us = median(&cpu_of[i].iter().map(|c| c.1).collect::<Vec<_>>());
             out.push_str(&format!(
-                "| {} | {:.0} | {:.0}–{:.0} | {} | {} | {:.2} | {:.2} |\n",
+                "| {} | {:.0} | {:.0}–{:.0} | {} | {} | {:.1} | {:.1} | {:.2} | {:.2} |\n",
                 k.name(),
                 rate,
                 lo,
                 hi,
                 ratio.map_or("n/a".into(), |r| format!("{r:.2}")),
                 rb_median.map_or("n/a".into(), |rb| format!("{:.2}", rate / rb)),
+                client_us,
+                server_us,
                 cmds.0,
                 cmds.1
             ));
@@ -1833,6 +1950,7 @@ async fn main() {
                 "evalsha_unpipelined": evalsha_c64,
                 "evalsha_ceiling": evalsha_ceiling,
                 "set_ceiling": set_ceiling, "ratio_to_half_ceiling": ratio,
+                "client_cpu_us_per_acq": client_us, "server_cpu_us_per_acq": server_us,
                 "net_cmds_per_acq": cmds.0, "script_cmds_per_acq": cmds.1}),
             );
             many.push((k, rate, cmds));
