@@ -104,7 +104,7 @@ struct Opts {
     /// handoff_mp, wakeup, many, parked.
     only: Option<Vec<String>>,
     /// Comma-separated contenders (`contenders`; default all): redbaton, redbaton-nobaton,
-    /// naive-10ms, naive-jitter, rslock, rslock-10ms, rlock, rlock-10ms, redisson.
+    /// redbaton-scripts (many keys only), naive-10ms, naive-jitter, rslock, rslock-10ms, rlock, rlock-10ms, redisson.
     contenders: Vec<Kind>,
     /// Also write the JSON lines to this file (`json`; default: stdout only). Relative to the
     /// workspace root, since cargo runs benches from their package's directory.
@@ -138,6 +138,12 @@ impl Opts {
             contenders,
             json: std::env::var_os("RB_JSON").map(|p| workspace_path(p.as_ref())),
         }
+    }
+
+    /// The contenders a scenario runs: `redbaton-scripts` only separates costs in many keys.
+    fn contenders_in(&self, scenario: &str) -> Vec<Kind> {
+        let only_many = |k: &Kind| *k != Kind::Scripts || scenario == "many";
+        self.contenders.iter().copied().filter(only_many).collect()
     }
 
     fn runs(&self, scenario: &str) -> bool {
@@ -1063,7 +1069,7 @@ struct Floor {
 /// hits every contender alike.
 async fn uncontended(server: &RedisServer, opts: &Opts, out: &mut String) -> Floor {
     let url = server.url();
-    let kinds = opts.contenders.clone();
+    let kinds = opts.contenders_in("uncontended");
     let iters = opts.iters.max(10);
     let task = tokio::spawn(async move {
         let mut ctxs = Vec::new();
@@ -1227,7 +1233,7 @@ async fn uncontended(server: &RedisServer, opts: &Opts, out: &mut String) -> Flo
         json_line(json!({"scenario": "floor", "measurement": key,
             "median_us": us(pct(v, 50.0)), "p99_us": us(pct(v, 99.0))}));
     }
-    for &k in &opts.contenders {
+    for k in opts.contenders_in("uncontended") {
         let v = &samples[k.name()];
         let p50 = pct(v, 50.0);
         out.push_str(&format!(
@@ -1798,7 +1804,7 @@ async fn main() {
             "\n### Hand-off: one name, {} tasks in 1 process, hold {} µs, barging allowed\n\n{CONTENDED_HEADER}\n",
             opts.tasks, opts.hold_us
         ));
-        for &k in &opts.contenders {
+        for k in opts.contenders_in("handoff") {
             let r =
                 contended_in_process(k, &server, &raw, &opts, opts.tasks, true, "handoff").await;
             out.push_str(&contended_row(k, &r));
@@ -1818,7 +1824,7 @@ async fn main() {
             "\n### Hand-off: one name, {} processes × {} tasks, hold {} µs, barging allowed\n\n{CONTENDED_HEADER}\n",
             opts.procs, opts.per_proc, opts.hold_us
         ));
-        for &k in &opts.contenders {
+        for k in opts.contenders_in("handoff_mp") {
             let r = contended_processes(k, &server, &raw, &opts).await;
             out.push_str(&contended_row(k, &r));
             out.push('\n');
@@ -1838,7 +1844,7 @@ async fn main() {
                 "\n### Wake-up without barging: {waiters} parked waiter(s), hold {} µs (every hand-off goes to a parked waiter)\n\n{CONTENDED_HEADER}\n",
                 opts.hold_us
             ));
-            for &k in &opts.contenders {
+            for k in opts.contenders_in("wakeup") {
                 let r = contended_in_process(
                     k,
                     &server,
