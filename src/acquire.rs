@@ -152,7 +152,7 @@ fn start<K: Kind>(
         waiting: Some(named.client.holds.waiting()),
     };
     let field = attempts.make_field();
-    let span = tracing::trace_span!("acquire", lock = %named.name, owner = %field);
+    let span = tracing::trace_span!("acquire", lock = %named.name(), owner = %field);
     attempts.field = Some(field);
     Ok(traced(wait_for(attempts, wait), span))
 }
@@ -423,7 +423,7 @@ impl<K: Kind> Attempts for LockAttempts<K> {
     }
 
     fn name(&self) -> &str {
-        &self.kind.named().name
+        self.kind.named().name()
     }
 
     fn kind(&self) -> &'static str {
@@ -465,7 +465,7 @@ impl<K: Kind> Attempts for LockAttempts<K> {
         let conn = named.client.conn.clone();
         let field = self.field();
         if let Some(call) = self.kind.give_up(&conn, &field) {
-            let name = named.name.clone();
+            let name = named.name().to_owned();
             let holds = named.client.holds.clone();
             let (key, ops) = (named.key.clone(), self.kind.ops());
             let waiting = self.waiting.take();
@@ -511,7 +511,7 @@ async fn attempt<K: Kind>(
             reply
         }
         Err(failed) => {
-            let error = failed.to_error(conn, &named.name);
+            let error = failed.to_error(conn, named.name());
             match failed {
                 Failed::MaybeRan(_) => settle(conn.clone(), turn),
                 Failed::Unreplicated { reply, .. } => {
@@ -520,7 +520,7 @@ async fn attempt<K: Kind>(
                     if let Ok(Reply::Acquired { count, .. }) = kind.decode(reply) {
                         turn.note_count(count);
                     }
-                    undo_acquire(conn.clone(), turn, ops, field, named.name.clone()).await;
+                    undo_acquire(conn.clone(), turn, ops, field, named.name().to_owned()).await;
                 }
                 Failed::NotRun(_) => {}
             }
@@ -533,7 +533,7 @@ async fn attempt<K: Kind>(
             if conn.is_closed() {
                 // Shut down meanwhile: shutdown waits for this turn, so release it here.
                 turn.note_count(count);
-                undo_acquire(conn.clone(), turn, ops, field, named.name.clone()).await;
+                undo_acquire(conn.clone(), turn, ops, field, named.name().to_owned()).await;
                 return Err(Error::ShutDown);
             }
             let registered = turn.acquired(count, lease, sent_at);
@@ -542,12 +542,12 @@ async fn attempt<K: Kind>(
                 // guard was lost while its key lived on (a renewal the primary applied but no
                 // replica acknowledged, say). Re-entering would keep them alive for ever,
                 // locking everyone else out: trim them, behind this acquire.
-                tracing::warn!(lock = %named.name, count, accounted = turn.accounted(), "the owner held more than its guards account for; trimming");
+                tracing::warn!(lock = %named.name(), count, accounted = turn.accounted(), "the owner held more than its guards account for; trimming");
                 settle(conn.clone(), turn);
             } else {
                 drop(turn);
             }
-            tracing::trace!(lock = %named.name, count, "acquired");
+            tracing::trace!(lock = %named.name(), count, "acquired");
             Ok(Try::Got(Guard::new(
                 kind, field, registered, lease, sent_at, extra,
             )))

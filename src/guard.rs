@@ -179,7 +179,7 @@ impl<K: Kind> Guard<K> {
         F: FnOnce() -> Fut,
         Fut: Future<Output = T>,
     {
-        until_lost(self.is_lost(), self.lost(), f, &self.kind.named().name).await
+        until_lost(self.is_lost(), self.lost(), f, self.kind.named().name()).await
     }
 
     /// A lock's `run` once acquired: [`run`](Guard::run), then release.
@@ -189,7 +189,7 @@ impl<K: Kind> Guard<K> {
         Fut: Future<Output = T>,
     {
         let outcome = self.run(f).await;
-        let name = self.kind.named().name.clone();
+        let name = self.kind.named().name().to_owned();
         release_after(outcome, self.unlock(), &name).await
     }
 
@@ -283,7 +283,7 @@ async fn release<K: Kind>(kind: K, hold: Hold) -> Result<()> {
             return Err(Error::ShutDown);
         }
         return Err(Error::NotHeld {
-            name: named.name.clone(),
+            name: named.name().to_owned(),
         });
     };
     let mut passing = None;
@@ -304,7 +304,7 @@ async fn release<K: Kind>(kind: K, hold: Hold) -> Result<()> {
                 if conn.is_closed() {
                     // Shutting down (it waits for the next owner's turn, held here): the
                     // waiter gets no guard, so its hold goes as an acquire's would.
-                    passing.undo(conn, ops, &named.name).await;
+                    passing.undo(conn, ops, named.name()).await;
                 } else {
                     passing.hand_over(&kind, sent_at, hold.passes + 1);
                     // The next holder was just woken into this worker's next slot. Whatever
@@ -323,7 +323,7 @@ async fn release<K: Kind>(kind: K, hold: Hold) -> Result<()> {
             Err(Failed::NotRun(e)) if !named.error(e).is_transient() => {
                 // The server refused the script before it wrote anything: release the
                 // ordinary way, now and from now on.
-                tracing::warn!(lock = %named.name, error = %e, "the server refuses the baton pass (an ACL without PUBSUB NUMSUB?); this client releases without it");
+                tracing::warn!(lock = %named.name(), error = %e, "the server refuses the baton pass (an ACL without PUBSUB NUMSUB?); this client releases without it");
                 client.passes_refused.store(true, Ordering::Relaxed);
                 passing.withdraw();
                 outcome = bounded(ops.release(conn, &hold.field, 1, 0), conn).await;
@@ -336,16 +336,16 @@ async fn release<K: Kind>(kind: K, hold: Hold) -> Result<()> {
             Some(-1) => {
                 hold.entry.mark_lost(hold.generation, Loss::UnlockFoundGone);
                 Err(Error::NotHeld {
-                    name: named.name.clone(),
+                    name: named.name().to_owned(),
                 })
             }
             Some(remaining) => {
-                tracing::trace!(lock = %named.name, remaining, "released");
+                tracing::trace!(lock = %named.name(), remaining, "released");
                 Ok(())
             }
             None => Err(Error::Redis(format!(
                 "unexpected release reply for {:?}",
-                named.name
+                named.name()
             ))),
         },
         Err(Failed::MaybeRan(e)) => {
@@ -355,7 +355,7 @@ async fn release<K: Kind>(kind: K, hold: Hold) -> Result<()> {
         Err(failed @ Failed::Unreplicated { .. }) => {
             // Released on the primary; make the release reach the replicas too (the settle's
             // trim is idempotent and waits for them) before a failover could revive the hold.
-            let error = failed.to_error(conn, &named.name);
+            let error = failed.to_error(conn, named.name());
             settle(conn.clone(), turn);
             Err(error)
         }
@@ -367,7 +367,7 @@ async fn release<K: Kind>(kind: K, hold: Hold) -> Result<()> {
                     turn,
                     ops,
                     hold.field.clone(),
-                    named.name.clone(),
+                    named.name().to_owned(),
                 );
             }
             Err(error)
@@ -438,7 +438,7 @@ impl<K: Kind> Passing<K> {
     fn hand_over(self, kind: &K, sent_at: Instant, passes: u32) {
         let registered = self.turn.acquired(1, self.lease, sent_at);
         drop(self.turn);
-        tracing::trace!(lock = %kind.named().name, owner = %self.field, "passed");
+        tracing::trace!(lock = %kind.named().name(), owner = %self.field, "passed");
         let guard = Guard::new(
             kind.clone(),
             self.field,
@@ -515,7 +515,7 @@ impl<K: Kind> Drop for Guard<K> {
         if self.released {
             return;
         }
-        let name = self.kind.named().name.clone();
+        let name = self.kind.named().name().to_owned();
         tracing::debug!(lock = %name, "guard dropped without unlock(); releasing in the background");
         let kind = self.kind.clone();
         let hold = self.hold.clone();
@@ -532,7 +532,7 @@ impl<K: Kind> Drop for Guard<K> {
 impl<K: Kind> std::fmt::Debug for Guard<K> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Guard")
-            .field("lock", &self.kind.named().name)
+            .field("lock", &self.kind.named().name())
             .field("owner", &self.hold.field)
             .field("lost", &self.is_lost())
             .finish()

@@ -183,12 +183,13 @@ impl std::str::FromStr for PermitId {
     }
 }
 
-/// Redisson's `suffixName`: `{key}:suffix`, or `key:suffix` when the key has a `{`.
-fn suffix_name(key: &str, suffix: &str) -> String {
+/// Redisson's `suffixName`: `{key}:suffix`, or `key:suffix` when the key has a `{`; and where
+/// `key` starts in it.
+fn suffix_name(key: &str, suffix: &str) -> (String, usize) {
     if key.contains('{') {
-        format!("{key}:{suffix}")
+        (format!("{key}:{suffix}"), 0)
     } else {
-        format!("{{{key}}}:{suffix}")
+        (format!("{{{key}}}:{suffix}"), 1)
     }
 }
 
@@ -197,7 +198,8 @@ impl LeasedSemaphore {
         let mut named = Named::new(client, name);
         let counter = named.key.clone();
         let channel = prefix_name(CHANNEL_PREFIX, &counter).into();
-        named.key = suffix_name(&counter, "timeout").into();
+        let (timeouts, at) = suffix_name(&counter, "timeout");
+        named.rekey(timeouts.into(), at);
         LeasedSemaphore {
             inner: Arc::new(Inner {
                 named,
@@ -210,7 +212,7 @@ impl LeasedSemaphore {
 
     /// The semaphore's name as given.
     pub fn name(&self) -> &str {
-        &self.inner.named.name
+        self.inner.named.name()
     }
 
     /// The Redis key of the counter of free permits (the name after the client's key prefix).
@@ -314,7 +316,7 @@ impl LeasedSemaphore {
         let call = self.inner.release(conn, &id.to_string(), 1, 0);
         let reply = crate::acquire::bounded(call, conn)
             .await
-            .map_err(|failed| failed.to_error(conn, &named.name))?;
+            .map_err(|failed| failed.to_error(conn, named.name()))?;
         Ok(reply.as_i64() == Some(0))
     }
 
@@ -450,7 +452,7 @@ impl Kind for LeasedSemaphore {
         let malformed = || {
             Error::Redis(format!(
                 "unexpected acquire reply for {:?}",
-                self.inner.named.name
+                self.inner.named.name()
             ))
         };
         let Value::Array(parts) = reply else {
@@ -485,7 +487,7 @@ impl Kind for LeasedSemaphore {
 
 impl HoldOps for Inner {
     fn name(&self) -> &str {
-        &self.named.name
+        self.named.name()
     }
 
     fn kind(&self) -> &'static str {
@@ -511,7 +513,7 @@ impl HoldOps for Inner {
 impl std::fmt::Debug for LeasedSemaphore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LeasedSemaphore")
-            .field("name", &self.inner.named.name)
+            .field("name", &self.inner.named.name())
             .field("recheck", &self.recheck)
             .finish()
     }
@@ -523,8 +525,8 @@ mod tests {
 
     #[test]
     fn keys_follow_redisson() {
-        assert_eq!(suffix_name("gpu", "timeout"), "{gpu}:timeout");
-        assert_eq!(suffix_name("{a}:b", "timeout"), "{a}:b:timeout");
+        assert_eq!(suffix_name("gpu", "timeout"), ("{gpu}:timeout".into(), 1));
+        assert_eq!(suffix_name("{a}:b", "timeout"), ("{a}:b:timeout".into(), 0));
     }
 
     #[test]

@@ -125,7 +125,7 @@ impl Semaphore {
 
     /// The semaphore's name as given.
     pub fn name(&self) -> &str {
-        &self.inner.named.name
+        self.inner.named.name()
     }
 
     /// The Redis key of the counter (the name after the client's key prefix).
@@ -252,7 +252,7 @@ impl Semaphore {
             permits,
             recheck_ms: self.recheck.as_millis() as u64,
         };
-        let span = tracing::trace_span!("acquire", semaphore = %named.name, permits);
+        let span = tracing::trace_span!("acquire", semaphore = %named.name(), permits);
         let taken = traced(wait_for(attempts, wait), span).await?;
         Ok(taken.map(Taken::keep).is_some())
     }
@@ -283,7 +283,7 @@ pub(crate) fn parse_count(named: &Named, value: Option<String>) -> Result<i64> {
     match value {
         None => Ok(0),
         Some(text) => text.parse().map_err(|_| Error::WrongType {
-            name: named.name.clone(),
+            name: named.name().to_owned(),
             detail: "the semaphore key holds a string that is not a permit count".to_owned(),
         }),
     }
@@ -336,7 +336,7 @@ pub(crate) async fn add_permits(
     bounded(call, conn)
         .await
         .map(drop)
-        .map_err(|failed| failed.to_error(conn, &named.name))
+        .map_err(|failed| failed.to_error(conn, named.name()))
 }
 
 /// Permits taken by an acquire round trip: given back when dropped unless kept — so a round
@@ -360,11 +360,11 @@ impl Drop for Taken {
         }
         let inner = self.inner.clone();
         let permits = self.permits;
-        tracing::debug!(semaphore = %inner.named.name, permits, "an acquire took permits after its caller left; giving them back");
+        tracing::debug!(semaphore = %inner.named.name(), permits, "an acquire took permits after its caller left; giving them back");
         let runtime = inner.named.client.conn.runtime().clone();
         runtime.spawn(async move {
             if let Err(e) = give_back(inner.clone(), permits).await {
-                tracing::warn!(semaphore = %inner.named.name, permits, error = %e, "could not give back permits taken by an abandoned acquire");
+                tracing::warn!(semaphore = %inner.named.name(), permits, error = %e, "could not give back permits taken by an abandoned acquire");
             }
         });
     }
@@ -380,14 +380,14 @@ async fn give_back(inner: Arc<Inner>, permits: u32) -> Result<i64> {
     ];
     let call = conn.call(&RELEASE, &[&named.key, &inner.channel], args);
     match bounded(call, conn).await {
-        Ok(reply) => reply
-            .as_i64()
-            .ok_or_else(|| Error::Redis(format!("unexpected release reply for {:?}", named.name))),
+        Ok(reply) => reply.as_i64().ok_or_else(|| {
+            Error::Redis(format!("unexpected release reply for {:?}", named.name()))
+        }),
         Err(failed) => {
             if let Failed::MaybeRan(_) = failed {
-                tracing::warn!(semaphore = %named.name, permits, "the connection broke with a release in flight: the permits may or may not be back");
+                tracing::warn!(semaphore = %named.name(), permits, "the connection broke with a release in flight: the permits may or may not be back");
             }
-            Err(failed.to_error(conn, &named.name))
+            Err(failed.to_error(conn, named.name()))
         }
     }
 }
@@ -407,7 +407,7 @@ impl Attempts for SemaphoreAttempts {
     }
 
     fn name(&self) -> &str {
-        &self.inner.named.name
+        self.inner.named.name()
     }
 
     fn kind(&self) -> &'static str {
@@ -442,7 +442,7 @@ async fn take(inner: Arc<Inner>, permits: u32, recheck_ms: u64) -> Result<Try<Ta
         Err(failed) => {
             match &failed {
                 Failed::MaybeRan(_) => {
-                    tracing::warn!(semaphore = %named.name, permits, "the connection broke with an acquire in flight: its permits may be taken and cannot be given back");
+                    tracing::warn!(semaphore = %named.name(), permits, "the connection broke with an acquire in flight: its permits may be taken and cannot be given back");
                 }
                 // Taken on the primary only: it does not count; dropping them gives them back.
                 Failed::Unreplicated { reply, .. } if reply.as_i64() == Some(1) => drop(Taken {
@@ -452,7 +452,7 @@ async fn take(inner: Arc<Inner>, permits: u32, recheck_ms: u64) -> Result<Try<Ta
                 }),
                 _ => {}
             }
-            return Err(failed.to_error(conn, &named.name));
+            return Err(failed.to_error(conn, named.name()));
         }
     };
     match reply.as_i64() {
@@ -464,7 +464,7 @@ async fn take(inner: Arc<Inner>, permits: u32, recheck_ms: u64) -> Result<Try<Ta
         Some(0) => Ok(Try::Busy(recheck_ms)),
         _ => Err(Error::Redis(format!(
             "unexpected acquire reply for {:?}",
-            named.name
+            named.name()
         ))),
     }
 }
@@ -472,7 +472,7 @@ async fn take(inner: Arc<Inner>, permits: u32, recheck_ms: u64) -> Result<Try<Ta
 impl std::fmt::Debug for Semaphore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Semaphore")
-            .field("name", &self.inner.named.name)
+            .field("name", &self.inner.named.name())
             .field("recheck", &self.recheck)
             .finish()
     }

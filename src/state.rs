@@ -68,7 +68,7 @@ impl Lock {
             .eval(&STATE, &[&named.key], Vec::new())
             .await
             .map_err(|e| named.error(&e))?;
-        let malformed = || Error::Redis(format!("unexpected state reply for {:?}", named.name));
+        let malformed = || Error::Redis(format!("unexpected state reply for {:?}", named.name()));
         let pttl = reply
             .first()
             .and_then(Value::as_i64)

@@ -509,3 +509,60 @@ async fn owner_ids_are_random_uuid_v4() {
         );
     }
 }
+
+/// Under a key prefix, every kind still names its lock as the caller did — in `name()` and in
+/// the errors of a release that finds its hold gone — however the kind derives its keys from
+/// the name (a leased semaphore's engine key is `{<prefix><name>}:timeout`).
+#[tokio::test]
+async fn every_kind_names_its_lock_as_given_under_a_key_prefix() {
+    let server = RedisServer::start();
+    let client = Client::builder()
+        .url(server.url())
+        .key_prefix("app:")
+        .connect()
+        .await
+        .unwrap();
+    let not_held = |name: &str| {
+        Err(Error::NotHeld {
+            name: name.to_owned(),
+        })
+    };
+
+    let lock = client.lock("orders");
+    assert_eq!((lock.name(), lock.key()), ("orders", "app:orders"));
+    let guard = lock.lock().await.unwrap();
+    assert!(lock.force_unlock().await.unwrap());
+    assert_eq!(guard.unlock().await, not_held("orders"));
+
+    let fair = client.fair_lock("queue");
+    assert_eq!((fair.name(), fair.key()), ("queue", "app:queue"));
+    let guard = fair.lock().await.unwrap();
+    assert!(fair.force_unlock().await.unwrap());
+    assert_eq!(guard.unlock().await, not_held("queue"));
+
+    let fenced = client.fenced_lock("ledger");
+    let guard = fenced.lock().await.unwrap();
+    assert!(fenced.force_unlock().await.unwrap());
+    assert_eq!(guard.unlock().await, not_held("ledger"));
+
+    let rw = client.read_write_lock("{cfg}:rw");
+    assert_eq!((rw.name(), rw.key()), ("{cfg}:rw", "app:{cfg}:rw"));
+    let read = rw.read().lock().await.unwrap();
+    assert!(rw.read().force_unlock().await.unwrap());
+    assert_eq!(read.unlock().await, not_held("{cfg}:rw"));
+
+    let sem = client.semaphore("slots");
+    assert_eq!((sem.name(), sem.key()), ("slots", "app:slots"));
+
+    let leased = client.leased_semaphore("gpu");
+    assert_eq!(leased.name(), "gpu");
+    assert_eq!(leased.timeout_key(), "{app:gpu}:timeout");
+    assert!(leased.try_set_permits(1).await.unwrap());
+    let permit = leased
+        .acquire_with_lease(Duration::from_millis(100))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(permit.release().await, not_held("gpu"));
+    client.shutdown().await.unwrap();
+}

@@ -149,7 +149,7 @@ impl FairLock {
 
     /// The lock's name as given.
     pub fn name(&self) -> &str {
-        &self.hash().named.name
+        self.hash().named.name()
     }
 
     /// The Redis key of the lock hash (the name after the client's key prefix).
@@ -251,7 +251,7 @@ impl FairLock {
             .await
             .map_err(|e| named.error(&e))?;
         if deleted == 1 {
-            tracing::info!(lock = %named.name, "force-unlocked");
+            tracing::info!(lock = %named.name(), "force-unlocked");
         }
         ack.check()?;
         Ok(deleted == 1)
@@ -356,7 +356,7 @@ impl Kind for FairLock {
 
 impl HoldOps for Inner {
     fn name(&self) -> &str {
-        &self.hash.named.name
+        self.hash.named.name()
     }
 
     fn kind(&self) -> &'static str {
@@ -383,7 +383,7 @@ impl HoldOps for Inner {
 impl std::fmt::Debug for FairLock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FairLock")
-            .field("name", &self.inner.hash.named.name)
+            .field("name", &self.inner.hash.named.name())
             .field("owner", &self.owner)
             .finish()
     }

@@ -159,7 +159,7 @@ impl Kind for FencedLock {
 impl std::fmt::Debug for FencedLock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FencedLock")
-            .field("name", &self.inner.hash.named.name)
+            .field("name", &self.inner.hash.named.name())
             .field("owner", &self.owner)
             .finish()
     }

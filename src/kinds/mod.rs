@@ -4,6 +4,7 @@
 //! The wait loop ([`crate::acquire`]), the guard ([`crate::Guard`]), the hub, the holds
 //! registry and the watchdog are shared by all of them.
 
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,21 +26,35 @@ pub(crate) mod rwlock;
 /// The longest lock name accepted.
 pub const MAX_NAME_LEN: usize = 64 * 1024;
 
-/// What every lock handle has: the client, the name and the Redis key.
+/// What every lock handle has: the client, the Redis key, and where the name is in the key.
 pub struct Named {
     pub(crate) client: Arc<ClientInner>,
-    pub(crate) name: String,
     pub(crate) key: Arc<str>,
+    /// The lock's name is `key[name]`: the name is not kept apart, since every parked waiter
+    /// keeps a handle and the key (the client's key prefix, then the name) has it already.
+    name: Range<usize>,
 }
 
 impl Named {
     pub(crate) fn new(client: Arc<ClientInner>, name: &str) -> Named {
         let key = text(format_args!("{}{name}", client.config.key_prefix));
+        let at = client.config.key_prefix.len();
         Named {
             client,
-            name: name.to_owned(),
             key,
+            name: at..at + name.len(),
         }
+    }
+
+    /// The same lock with `key` as its key: a key that has the present one at `at`.
+    pub(crate) fn rekey(&mut self, key: Arc<str>, at: usize) {
+        self.name = at + self.name.start..at + self.name.end;
+        self.key = key;
+    }
+
+    /// The lock's name, as the caller gave it.
+    pub(crate) fn name(&self) -> &str {
+        &self.key[self.name.clone()]
     }
 
     /// Refuses use after shutdown and names Redis cannot take. (The name is checked here, not
@@ -49,7 +64,7 @@ impl Named {
         if self.client.conn.is_closed() {
             return Err(Error::ShutDown);
         }
-        match self.name.len() {
+        match self.name().len() {
             0 => Err(Error::InvalidArgument("lock name is empty".to_owned())),
             len if len > MAX_NAME_LEN => Err(Error::InvalidArgument(format!(
                 "lock name is {len} bytes long; the limit is {MAX_NAME_LEN}"
@@ -60,7 +75,7 @@ impl Named {
 
     /// Maps a fred error met on this lock.
     pub(crate) fn error(&self, err: &fred::error::Error) -> Error {
-        self.client.conn.error(err, &self.name)
+        self.client.conn.error(err, self.name())
     }
 
     /// The owner field of `owner`, or of the current task when `None`.
@@ -79,7 +94,7 @@ impl Named {
     /// The error for a key that exists without the expiry every lock has.
     pub(crate) fn no_expiry(&self) -> Error {
         Error::WrongType {
-            name: self.name.clone(),
+            name: self.name().to_owned(),
             detail: "a hash without the expiry every lock has".to_owned(),
         }
     }
@@ -200,7 +215,7 @@ pub(crate) fn decode_counted<E>(
     reply: Value,
     extra: impl FnOnce(&[Value]) -> Option<E>,
 ) -> Result<Reply<E>> {
-    let malformed = || Error::Redis(format!("unexpected acquire reply for {:?}", named.name));
+    let malformed = || Error::Redis(format!("unexpected acquire reply for {:?}", named.name()));
     let Value::Array(parts) = reply else {
         return Err(malformed());
     };

@@ -176,7 +176,7 @@ impl HashLock {
             .await
             .map_err(|e| named.error(&e))?;
         if deleted == 1 {
-            tracing::info!(lock = %named.name, "force-unlocked");
+            tracing::info!(lock = %named.name(), "force-unlocked");
         }
         ack.check()?;
         Ok(deleted == 1)
@@ -199,7 +199,7 @@ macro_rules! hash_lock_methods {
     () => {
         /// The lock's name as given.
         pub fn name(&self) -> &str {
-            &self.hash().named.name
+            &self.hash().named.name()
         }
 
         /// The Redis key of the lock (the name after the client's key prefix).
@@ -336,7 +336,7 @@ impl Kind for Lock {
 
 impl HoldOps for HashLock {
     fn name(&self) -> &str {
-        &self.named.name
+        self.named.name()
     }
 
     fn kind(&self) -> &'static str {
@@ -362,7 +362,7 @@ impl HoldOps for HashLock {
 impl std::fmt::Debug for Lock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Lock")
-            .field("name", &self.inner.named.name)
+            .field("name", &self.inner.named.name())
             .field("owner", &self.owner)
             .finish()
     }

@@ -163,7 +163,7 @@ impl Base {
             .eval(&STATE, &[&named.key], args)
             .await
             .map_err(|e| named.error(&e))?;
-        let malformed = || Error::Redis(format!("unexpected state reply for {:?}", named.name));
+        let malformed = || Error::Redis(format!("unexpected state reply for {:?}", named.name()));
         let number = |i: usize| reply.get(i).and_then(Value::as_i64).ok_or_else(malformed);
         let mode = reply
             .first()
@@ -186,7 +186,7 @@ impl Base {
             .await
             .map_err(|e| named.error(&e))?;
         if deleted == 1 {
-            tracing::info!(lock = %named.name, mode, "force-unlocked");
+            tracing::info!(lock = %named.name(), mode, "force-unlocked");
         }
         Ok(deleted == 1)
     }
@@ -275,7 +275,7 @@ impl ReadWriteLock {
 
     /// The lock's name as given.
     pub fn name(&self) -> &str {
-        &self.read.0.named.name
+        self.read.0.named.name()
     }
 
     /// The Redis key of the lock's hash (the name after the client's key prefix).
@@ -294,7 +294,7 @@ macro_rules! half_methods {
     () => {
         /// The lock's name as given.
         pub fn name(&self) -> &str {
-            &self.half.0.named.name
+            &self.half.0.named.name()
         }
 
         /// The Redis key of the lock's hash (the name after the client's key prefix).
@@ -467,7 +467,7 @@ impl Kind for WriteLock {
         if let Value::Array(parts) = &reply {
             if parts.first().and_then(Value::as_i64) == Some(-1) {
                 return Err(Error::WouldDeadlock {
-                    name: named.name.clone(),
+                    name: named.name().to_owned(),
                     detail: "this owner holds read holds on it, and a read hold cannot be \
                              upgraded: waiting for the write lock would never end (release \
                              the read holds first)"
@@ -485,7 +485,7 @@ impl Kind for WriteLock {
 
 impl HoldOps for ReadHalf {
     fn name(&self) -> &str {
-        &self.0.named.name
+        self.0.named.name()
     }
 
     fn kind(&self) -> &'static str {
@@ -518,7 +518,7 @@ impl HoldOps for ReadHalf {
 
 impl HoldOps for WriteHalf {
     fn name(&self) -> &str {
-        &self.0.named.name
+        self.0.named.name()
     }
 
     fn kind(&self) -> &'static str {
@@ -546,7 +546,7 @@ impl HoldOps for WriteHalf {
 impl std::fmt::Debug for ReadWriteLock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ReadWriteLock")
-            .field("name", &self.read.0.named.name)
+            .field("name", &self.read.0.named.name())
             .finish()
     }
 }
@@ -554,7 +554,7 @@ impl std::fmt::Debug for ReadWriteLock {
 impl std::fmt::Debug for ReadLock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ReadLock")
-            .field("name", &self.half.0.named.name)
+            .field("name", &self.half.0.named.name())
             .field("owner", &self.owner)
             .finish()
     }
@@ -563,7 +563,7 @@ impl std::fmt::Debug for ReadLock {
 impl std::fmt::Debug for WriteLock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WriteLock")
-            .field("name", &self.half.0.named.name)
+            .field("name", &self.half.0.named.name())
             .field("owner", &self.owner)
             .finish()
     }
