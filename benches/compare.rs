@@ -1341,9 +1341,9 @@ async fn server_cpu_us(raw: &fred::clients::Client) -> f64 {
         .await
         .expect("INFO cpu");
     info.lines()
-        .filter_map(|line| {
-            let (key, value) = line.trim().split_once(':')?;
-            matches!(key, "used_cpu_user" | "used_cpu_sys").then(|| value.parse::<f64>().ok())?
+        .filter_map(|line| match line.trim().split_once(':')? {
+            ("used_cpu_user" | "used_cpu_sys", value) => value.parse::<f64>().ok(),
+            _ => None,
         })
         .sum::<f64>()
         * 1e6
