@@ -24,7 +24,7 @@ async fn main() -> redbaton::Result<()> {
 
     // Reentry: the same task locks twice and must unlock twice.
     let outer = lock.lock().await?;
-    let inner = lock.lock().await?;
+    let inner = outer.reenter().await?;
     println!(
         "hold count after two lock() calls: {}",
         lock.hold_count().await?

@@ -33,7 +33,6 @@ use crate::holds::{HoldOps, Lease, Loss, Turn, Waiting};
 use crate::hub::Wake;
 use crate::kinds::{Kind, Reply};
 use crate::metrics;
-use crate::owner::current_owner_number;
 use crate::{Error, Result};
 
 /// How long a parked waiter pauses before retrying after a connection error or timeout.
@@ -137,15 +136,19 @@ fn start<K: Kind>(
 ) -> Result<impl Future<Output = Result<Option<Guard<K>>>> + Send + 'static> {
     let named = kind.named();
     named.check()?;
-    // Only read without an explicit owner: it is the calling task's.
-    let task = match kind.explicit_owner() {
-        Some(_) => 0,
-        None => current_owner_number(),
+    // Without an explicit owner: the enclosing hold's owner (re-entry), else a new one.
+    let (task, fresh) = match kind.explicit_owner() {
+        Some(_) => (0, false),
+        None => match named.enclosing() {
+            Some(number) => (number, false),
+            None => (named.client.owners.fresh(), true),
+        },
     };
     let waits = wait != Some(Duration::ZERO);
     let mut attempts = LockAttempts {
         kind: kind.waiting(wait),
         task,
+        fresh,
         field: None,
         lease,
         waits,
@@ -384,8 +387,10 @@ fn park_time(held_for_ms: u64, deadline: Option<Instant>) -> Duration {
 struct LockAttempts<K: Kind> {
     /// Its explicit owner, if any, is theirs.
     kind: K,
-    /// Without an explicit owner, the calling task's (or thread's) owner number: the owner.
+    /// Without an explicit owner, the owner number: the enclosing hold's, or a new one.
     task: u64,
+    /// The owner is a new one (no explicit owner, no enclosing hold).
+    fresh: bool,
     /// The owner's hash field. Kept until the first attempt is refused; a waiter then makes
     /// it for each attempt instead. A field made on a waiter's first poll is the one
     /// allocation that would outlive the burst of round trips many waiters arriving at once
@@ -443,6 +448,16 @@ impl<K: Kind> Attempts for LockAttempts<K> {
 
     fn parking(&mut self) {
         self.field = None;
+        let named = self.kind.named();
+        if self.fresh && named.client.holds.held_here(&named.key) {
+            tracing::warn!(
+                lock = %named.name(),
+                "waiting for a lock that this task already holds outside a hold's scope: \
+                 every acquisition outside one is a new owner, so this waits for that hold to \
+                 be released, which may never happen if it is this code's own; to re-enter, \
+                 acquire inside `guard.run(..)` / `lock.run(..)` or with `guard.reenter()`"
+            );
+        }
     }
 
     fn baton(&self) -> Option<Baton> {
@@ -527,7 +542,12 @@ async fn attempt<K: Kind>(
             return Err(error);
         }
     };
-    match kind.decode(reply)? {
+    let decoded = match kind.decode(reply) {
+        // A try cannot deadlock: it only fails to get the lock.
+        Err(Error::WouldDeadlock { .. }) if !waits => return Ok(Try::Busy(0)),
+        decoded => decoded?,
+    };
+    match decoded {
         Reply::Held(pttl) => Ok(Try::Busy(pttl)),
         Reply::Acquired { count, extra } => {
             if conn.is_closed() {

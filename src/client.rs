@@ -38,6 +38,8 @@ pub(crate) struct ClientInner {
     /// The server refused the baton pass script (an ACL without `PUBSUB NUMSUB`): this
     /// client releases the ordinary way from then on.
     pub(crate) passes_refused: std::sync::atomic::AtomicBool,
+    /// Where the owner numbers of acquisitions outside a hold's scope come from.
+    pub(crate) owners: crate::scope::OwnerNumbers,
 }
 
 impl Drop for ClientInner {
@@ -294,6 +296,7 @@ impl Client {
             watchdog,
             config,
             passes_refused: Default::default(),
+            owners: crate::scope::OwnerNumbers::new(),
         });
         tracing::debug!(client = %inner.id, url = %redact_url(&inner.config.url), "connected");
         Ok(Client { inner })

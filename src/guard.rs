@@ -69,6 +69,7 @@ impl<K: Kind> Guard<K> {
             Lease::Watchdog => None,
             Lease::Fixed(ms) => sent_at.checked_add(std::time::Duration::from_millis(ms as u64)),
         };
+        registered.entry.held_here();
         Guard {
             kind,
             hold: Hold {
@@ -94,6 +95,7 @@ impl<K: Kind> Guard<K> {
     /// own handle (its explicit owner, if any).
     pub(crate) fn adopt(mut self, kind: K) -> Self {
         self.kind = kind;
+        self.hold.entry.held_here();
         self
     }
 
@@ -149,8 +151,10 @@ impl<K: Kind> Guard<K> {
     /// guard is not released here: unlock it afterwards, and see its errors there.
     ///
     /// The future runs in the task awaiting `run` — it is not spawned, so it need not be
-    /// `Send` or `'static`, may borrow the guard (a fenced token, say), and an acquire of the
-    /// same lock inside it re-enters this hold, as any acquire in the owner's task does. A
+    /// `Send` or `'static`, and may borrow the guard (a fenced token, say). It runs inside this
+    /// hold's *scope*: an acquire of the same lock made while it is polled re-enters this hold
+    /// (and, on a read/write lock, a read under the write half is the downgrade), while a
+    /// sibling future polled beside it (`join!`, `select!`) is another owner and waits. A
     /// loss is checked before each poll of the future, so a future that completes once the
     /// loss is known is not reported as done. The client learns of a loss on the server only at
     /// the next renewal, though (see [`Error::LeaseLost`]).
@@ -179,7 +183,65 @@ impl<K: Kind> Guard<K> {
         F: FnOnce() -> Fut,
         Fut: Future<Output = T>,
     {
-        until_lost(self.is_lost(), self.lost(), f, self.kind.named().name()).await
+        let scoped = || self.scoped(f());
+        until_lost(self.is_lost(), self.lost(), scoped, self.kind.named().name()).await
+    }
+
+    /// Takes this lock again as this hold's owner: a nested hold on the same owner field (its
+    /// count goes up by one; each hold is released on its own), with this hold's kind of
+    /// lease. It never waits: [`Error::NotHeld`] when this hold is lost (the lock may be
+    /// someone else's by now).
+    ///
+    /// This is the explicit form of re-entry, for code that keeps guards rather than running
+    /// closures: inside [`run`](Guard::run) an ordinary acquire of the same lock re-enters too.
+    /// Without either, a second acquire is a new owner and waits for this hold, as with
+    /// `tokio::sync::Mutex`, which is not re-entrant at all.
+    ///
+    /// ```no_run
+    /// # async fn example(lock: redbaton::Lock) -> redbaton::Result<()> {
+    /// let outer = lock.lock().await?;
+    /// let inner = outer.reenter().await?; // hold count 2, one owner
+    /// inner.unlock().await?;
+    /// outer.unlock().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Cancel safety
+    ///
+    /// As a `try_lock`'s: a nested hold a dropped call took is released at once in the
+    /// background.
+    #[must_use = "the guard holds the lock: dropping it at once releases the lock again"]
+    pub async fn reenter(&self) -> Result<Guard<K>> {
+        let not_held = || Error::NotHeld {
+            name: self.kind.named().name().to_owned(),
+        };
+        if self.is_lost() {
+            return Err(not_held());
+        }
+        let zero = Some(std::time::Duration::ZERO);
+        let again = crate::acquire::acquire(&self.kind, zero, self.hold.lease);
+        self.scoped(again).await?.ok_or_else(not_held)
+    }
+
+    /// `future`, polled inside this hold's scope: an acquire of the same lock made while it
+    /// is polled re-enters this hold. A hold of an explicit owner of another client has no
+    /// scope (its own handle re-enters it).
+    fn scoped<F: Future>(&self, future: F) -> impl Future<Output = F::Output> {
+        crate::scope::within(self.scope(), future)
+    }
+
+    /// This hold as a scope names it, if it has one (see [`scoped`](Guard::scoped)).
+    pub(crate) fn scope(&self) -> Option<crate::scope::Scoped> {
+        let named = self.kind.named();
+        let number = self.own_number()?;
+        Some((named.client.id.clone(), named.key.clone(), number))
+    }
+
+    /// This hold's owner number when its owner is this client's own.
+    fn own_number(&self) -> Option<u64> {
+        let owner = self.kind.owner_part(&self.hold.field);
+        let id = &self.kind.named().client.id;
+        owner.strip_prefix(&**id)?.strip_prefix(':')?.parse().ok()
     }
 
     /// A lock's `run` once acquired: [`run`](Guard::run), then release.

@@ -175,6 +175,27 @@ struct State {
     valid_until: Instant,
     /// The current generation was found lost.
     lost: bool,
+    /// Where the latest guard of the hold was taken (for the warning about a nested acquire
+    /// outside a hold's scope).
+    holder: Option<Holder>,
+}
+
+/// The sequential context a guard was taken in: a tokio task, or a thread outside any task
+/// (the body of `#[tokio::main]` runs in `block_on`, with no task id).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Holder {
+    Task(tokio::task::Id),
+    Thread(std::thread::ThreadId),
+}
+
+impl Holder {
+    /// The context running now.
+    pub(crate) fn current() -> Holder {
+        match tokio::task::try_id() {
+            Some(id) => Holder::Task(id),
+            None => Holder::Thread(std::thread::current().id()),
+        }
+    }
 }
 
 /// Generations are unique per process, so a guard can never mistake a later hold for its own.
@@ -301,6 +322,7 @@ impl Holds {
                 watchdog_guards: 0,
                 valid_until: Instant::now(),
                 lost: false,
+                holder: None,
             }),
             turn_free: Notify::new(),
             lost_notify: Notify::new(),
@@ -317,6 +339,21 @@ impl Holds {
             .remove_if(&(entry.key.clone(), entry.field.clone()), |_, e| {
                 Arc::ptr_eq(e, entry) && e.state.lock().idle()
             });
+    }
+
+    /// Whether a live hold of `key` by this client has a guard taken in the context running
+    /// now. Only asked when an acquisition outside any scope is about to park, so the scan
+    /// stays off the paths that do not wait.
+    pub(crate) fn held_here(&self, key: &str) -> bool {
+        let here = Holder::current();
+        self.map.iter().any(|slot| {
+            let entry = slot.value();
+            if *entry.key != *key {
+                return false;
+            }
+            let state = entry.state.lock();
+            state.guards > 0 && !state.lost && state.holder == Some(here)
+        })
     }
 
     /// Every entry with registered guards of a live generation, with what renewal sends:
@@ -421,6 +458,11 @@ impl State {
 }
 
 impl Entry {
+    /// Notes that a guard of this hold is now kept in the context running now.
+    pub(crate) fn held_here(&self) {
+        self.state.lock().holder = Some(Holder::current());
+    }
+
     /// Whether the hold of `generation` is lost: told so by Redis, replaced by a fresh hold,
     /// or its lease ran out by the local clock.
     pub(crate) fn is_lost(&self, generation: u64) -> bool {

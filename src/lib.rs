@@ -54,6 +54,7 @@ mod metrics;
 mod multilock;
 mod owner;
 mod redlock;
+mod scope;
 mod semaphore;
 mod state;
 mod watchdog;

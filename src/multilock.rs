@@ -404,7 +404,8 @@ impl MultiLockGuard {
     /// Runs the future `f` makes while this hold lasts, and returns its output — or
     /// [`Error::LeaseLost`] if the hold is lost first (see [`lost`](Self::lost)): the future
     /// is then dropped at the await point it reached. As [`Guard::run`](crate::Guard::run):
-    /// the guard stays held; unlock it afterwards.
+    /// the future runs inside the scope of every part's hold (an acquire of a part, or of the
+    /// multi-lock, re-enters), and the guard stays held; unlock it afterwards.
     ///
     /// # Cancel safety
     ///
@@ -414,7 +415,40 @@ impl MultiLockGuard {
         F: FnOnce() -> Fut,
         Fut: Future<Output = T>,
     {
-        until_lost(self.is_lost(), self.lost(), f, &self.description).await
+        let scopes: Vec<_> = self.guards.iter().filter_map(LockGuard::scope).collect();
+        let scoped = || crate::scope::within(scopes, f());
+        until_lost(self.is_lost(), self.lost(), scoped, &self.description).await
+    }
+
+    /// Takes every part again as its hold's owner (see [`Guard::reenter`]): a nested hold
+    /// that never waits, released on its own. [`Error::NotHeld`] when this hold is lost (the
+    /// parts re-entered meanwhile are released again in the background).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Guard::reenter`]'s, part by part.
+    #[must_use = "the guard holds the locks: dropping it at once releases them again"]
+    pub async fn reenter(&self) -> Result<MultiLockGuard> {
+        let not_held = || Error::NotHeld {
+            name: self.description.clone(),
+        };
+        if self.is_lost() {
+            return Err(not_held());
+        }
+        let again = futures::future::join_all(
+            self.guards.iter().filter(|g| !g.is_lost()).map(|g| g.reenter()),
+        )
+        .await;
+        let guards: Vec<LockGuard> = again.into_iter().filter_map(|g| g.ok()).collect();
+        if guards.len() < self.quorum {
+            return Err(not_held());
+        }
+        Ok(MultiLockGuard {
+            guards,
+            quorum: self.quorum,
+            valid_until: self.valid_until,
+            description: self.description.clone(),
+        })
     }
 
     /// A multi-lock's or Redlock's `run` once acquired: [`run`](Self::run), then release.

@@ -83,7 +83,7 @@ async fn empty_and_oversized_names_are_refused_before_anything_is_sent() {
         );
         invalid(lock.hold_count().await, needle);
         invalid(lock.is_locked().await, needle);
-        invalid(lock.is_held_by_current_task().await, needle);
+        invalid(lock.is_held_in_scope().await, needle);
         invalid(lock.remaining_ttl().await, needle);
         invalid(lock.force_unlock().await, needle);
     }
@@ -332,8 +332,10 @@ async fn keys_that_are_not_locks_give_wrong_type_and_stay_untouched() {
         wrong_type(lock.lock_with_lease(Duration::from_secs(5)).await, name);
         wrong_type(lock.force_unlock().await, name);
         if name != "a-hash" {
-            wrong_type(lock.hold_count().await, name);
-            wrong_type(lock.is_held_by_current_task().await, name);
+            // Without an owner nothing is read: ask as one.
+            let owned = lock.with_owner(format!("{}:1", client.id()).parse().unwrap());
+            wrong_type(owned.hold_count().await, name);
+            wrong_type(owned.is_held_in_scope().await, name);
         }
         if name != "a-string-ttl" {
             wrong_type(lock.remaining_ttl().await, name);
@@ -412,18 +414,21 @@ async fn releasing_a_hold_that_is_gone_is_not_held_and_changes_nothing() {
     assert_eq!(before, snapshot(&raw).await);
     taken.unlock().await.unwrap();
 
-    // After expiry, with the same owner (this task) holding it anew.
+    // After expiry, with the same owner holding it anew (taken in the stale hold's scope).
     let stale = lock
         .lock_with_lease(Duration::from_millis(200))
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let fresh = lock.lock().await.unwrap();
+    let fresh = stale.run(|| lock.lock()).await;
+    assert!(matches!(fresh, Err(Error::LeaseLost { .. })), "{fresh:?}");
+    let fresh = lock.with_owner(stale.owner()).lock().await.unwrap();
     assert_eq!(stale.owner(), fresh.owner());
+    let owned = lock.with_owner(fresh.owner());
     let before = snapshot(&raw).await;
     assert_eq!(stale.unlock().await, not_held("twice"));
     assert_eq!(before, snapshot(&raw).await, "the newer hold is untouched");
-    assert_eq!(lock.hold_count().await.unwrap(), 1);
+    assert_eq!(owned.hold_count().await.unwrap(), 1);
     fresh.unlock().await.unwrap();
     assert!(!lock.is_locked().await.unwrap());
 
@@ -433,10 +438,10 @@ async fn releasing_a_hold_that_is_gone_is_not_held_and_changes_nothing() {
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let fresh = lock.lock().await.unwrap();
+    let fresh = lock.with_owner(stale.owner()).lock().await.unwrap();
     drop(stale);
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(lock.hold_count().await.unwrap(), 1);
+    assert_eq!(lock.with_owner(fresh.owner()).hold_count().await.unwrap(), 1);
     fresh.unlock().await.unwrap();
 
     client.shutdown().await.unwrap();
@@ -450,7 +455,7 @@ async fn guards_and_locks_after_shutdown_say_shut_down() {
     let client = Client::connect(&server.url()).await.unwrap();
     let lock = client.lock("after-shutdown");
     let first = lock.lock().await.unwrap();
-    let second = lock.lock().await.unwrap();
+    let second = first.reenter().await.unwrap();
     client.shutdown().await.unwrap();
     let before = snapshot(&raw).await;
     assert!(before.is_empty(), "shutdown released the lock");

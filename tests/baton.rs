@@ -455,11 +455,12 @@ async fn a_passed_watchdog_hold_is_renewed_and_reenters_from_one() {
         let lock = lock.clone();
         tokio::spawn(async move {
             let guard = lock.lock().await.unwrap();
-            let first = lock.hold_count().await.unwrap();
+            let owned = lock.with_owner(guard.owner());
+            let first = owned.hold_count().await.unwrap();
             // Three leases long: only renewals keep it.
             tokio::time::sleep(Duration::from_secs(3)).await;
-            let inner = lock.lock().await.unwrap();
-            let second = lock.hold_count().await.unwrap();
+            let inner = guard.run(|| lock.lock()).await.unwrap().unwrap();
+            let second = owned.hold_count().await.unwrap();
             inner.unlock().await.unwrap();
             (guard, first, second)
         })

@@ -63,7 +63,7 @@ async fn locks_in_different_slots_are_held_and_renewed() {
     for name in &names {
         let lock = holder.lock(name);
         let outer = lock.lock().await.unwrap();
-        let inner = lock.lock().await.unwrap();
+        let inner = outer.reenter().await.unwrap();
         assert_eq!(lock.hold_count().await.unwrap(), 2);
         guards.push((outer, inner));
     }

@@ -11,6 +11,7 @@ mod redisson_peer;
 
 use std::future::Future;
 use std::io::BufRead;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fred::prelude::*;
@@ -53,7 +54,9 @@ async fn queue_becomes(raw: &fred::clients::Client, lock: &FairLock, expected: &
     .await
 }
 
-/// Spawns a task on `lock` that first reports its owner field, then runs `body`.
+/// Spawns a task that runs `body` on `lock` as an owner of its own (an explicit one, so the
+/// test knows its field in advance; an acquisition outside a hold's scope would take a fresh
+/// number only when it starts), and returns that owner's field.
 async fn spawn_as<T, Fut>(
     lock: &FairLock,
     body: impl FnOnce(FairLock) -> Fut + Send + 'static,
@@ -62,13 +65,12 @@ where
     T: Send + 'static,
     Fut: Future<Output = T> + Send + 'static,
 {
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let lock = lock.clone();
-    let handle = tokio::spawn(async move {
-        let _ = tx.send(lock.owner().to_string());
-        body(lock).await
-    });
-    (rx.await.unwrap(), handle)
+    static NEXT: AtomicU64 = AtomicU64::new(1 << 40);
+    let client_id = lock.client_id().to_owned();
+    let owner = format!("{client_id}:{}", NEXT.fetch_add(1, Ordering::Relaxed));
+    let lock = lock.with_owner(owner.parse().unwrap());
+    let handle = tokio::spawn(body(lock));
+    (owner, handle)
 }
 
 /// A waiter that takes the lock, notes when, and releases it at once.
@@ -91,9 +93,11 @@ async fn wire_layout_matches_redisson() {
     assert_eq!(lock.queue_key(), "redisson_lock_queue:{deploy:1}");
     assert_eq!(lock.timeout_key(), "redisson_lock_timeout:{deploy:1}");
     assert_eq!(lock.channel(), "redisson_lock__channel:{deploy:1}");
+    assert_eq!(lock.waiter_channel(), None, "no owner outside a hold's scope");
+    let owner: redbaton::Owner = format!("{}:7", client.id()).parse().unwrap();
     assert_eq!(
-        lock.waiter_channel(),
-        format!("redisson_lock__channel:{{deploy:1}}:{}", lock.owner())
+        lock.with_owner(owner.clone()).waiter_channel(),
+        Some(format!("redisson_lock__channel:{{deploy:1}}:{owner}"))
     );
     assert_eq!(
         client.fair_lock("{app}:x").queue_key(),
@@ -239,21 +243,21 @@ async fn reentry_renewal_and_force_unlock() {
         .unwrap();
     let lock = client.fair_lock("fair-reentry");
     let outer = lock.lock().await.unwrap();
-    let inner = lock
-        .try_lock()
+    let inner = outer
+        .run(|| async { lock.try_lock().await.unwrap().expect("re-enters in scope") })
         .await
-        .unwrap()
-        .expect("the same task re-enters");
-    assert_eq!(lock.hold_count().await.unwrap(), 2);
-    assert!(lock.is_held_by_current_task().await.unwrap());
+        .unwrap();
+    let owned = lock.with_owner(outer.owner());
+    assert_eq!(owned.hold_count().await.unwrap(), 2);
+    assert!(owned.is_held_in_scope().await.unwrap());
     assert!(queue(&raw, &lock).await.is_empty());
     inner.unlock().await.unwrap();
-    assert_eq!(lock.hold_count().await.unwrap(), 1);
+    assert_eq!(owned.hold_count().await.unwrap(), 1);
 
     // The watchdog renews a fair hold past several leases.
     tokio::time::sleep(Duration::from_millis(2500)).await;
     assert!(!outer.is_lost());
-    assert_eq!(lock.hold_count().await.unwrap(), 1);
+    assert_eq!(owned.hold_count().await.unwrap(), 1);
     assert!(lock.remaining_ttl().await.unwrap().is_some());
 
     // force_unlock wakes the head on its channel.
@@ -1081,7 +1085,9 @@ async fn child_fair_waiter() {
         .unwrap();
     let lock = client.fair_lock(name);
     tokio::spawn(async move {
-        println!("WAITING {}", lock.owner());
+        let owner: redbaton::Owner = format!("{}:{}", client.id(), 1u64 << 40).parse().unwrap();
+        let lock = lock.with_owner(owner.clone());
+        println!("WAITING {owner}");
         let _guard = lock.lock().await.unwrap();
         println!("ACQUIRED");
         std::future::pending::<()>().await;

@@ -854,7 +854,7 @@ async fn shutdown_while_holding_releases_and_never_renews() {
     let name = "shut-down";
     let lock = client.lock(name);
     let outer = lock.lock().await.unwrap();
-    let inner = lock.lock().await.unwrap();
+    let inner = outer.reenter().await.unwrap();
     let fixed = client
         .lock("shut-down-fixed")
         .lock_with_lease(lease)

@@ -44,14 +44,20 @@ async fn tokens_increase_on_every_acquire_including_reentry() {
     let wait = Duration::from_secs(1);
     let lease = Duration::from_secs(30);
     let g1: FencedGuard = lock.lock().await.unwrap();
-    let g2 = lock.try_lock().await.unwrap().expect("re-enters");
-    let g3 = lock.try_lock_for(wait).await.unwrap().expect("re-enters");
-    let g4 = lock.lock_with_lease(lease).await.unwrap();
-    let g5 = lock
-        .try_lock_with_lease(wait, lease)
+    let (g2, g3, g4, g5) = g1
+        .run(|| async {
+            let g2 = lock.try_lock().await.unwrap().expect("re-enters");
+            let g3 = lock.try_lock_for(wait).await.unwrap().expect("re-enters");
+            let g4 = lock.lock_with_lease(lease).await.unwrap();
+            let g5 = lock
+                .try_lock_with_lease(wait, lease)
+                .await
+                .unwrap()
+                .expect("re-enters");
+            (g2, g3, g4, g5)
+        })
         .await
-        .unwrap()
-        .expect("re-enters");
+        .unwrap();
     let tokens: Vec<u64> = [&g1, &g2, &g3, &g4, &g5]
         .iter()
         .map(|g| g.token())
@@ -61,7 +67,7 @@ async fn tokens_increase_on_every_acquire_including_reentry() {
         [1, 2, 3, 4, 5],
         "one token per acquire, re-entries included"
     );
-    assert_eq!(lock.hold_count().await.unwrap(), 5);
+    assert_eq!(lock.with_owner(g1.owner()).hold_count().await.unwrap(), 5);
     assert_eq!(lock.token().await.unwrap(), Some(5));
     for g in [g3, g1, g5, g2, g4] {
         g.unlock().await.unwrap();
@@ -161,7 +167,7 @@ async fn wire_layout_matches_redisson() {
     assert_eq!(lock.key(), "order:7");
     assert_eq!(lock.channel(), "redisson_lock__channel:{order:7}");
     let outer = lock.lock().await.unwrap();
-    let inner = lock.lock().await.unwrap();
+    let inner = outer.reenter().await.unwrap();
     let key_type: String = raw.r#type("order:7").await.unwrap();
     assert_eq!(key_type, "hash");
     let fields: HashMap<String, i64> = raw.hgetall("order:7").await.unwrap();
@@ -356,11 +362,20 @@ async fn a_lock_and_a_fenced_lock_on_one_name_exclude_and_wake_each_other() {
     assert!(woke.duration_since(released) < Duration::from_secs(3));
     assert_eq!(token, 2);
 
-    // One owner (this task) holding both: one hash field, count 2.
+    // One owner holding both (the fenced lock taken in the plain hold's scope): one hash
+    // field, count 2.
     let plain = a.lock("shared").lock().await.unwrap();
-    let fenced = a.fenced_lock("shared").lock().await.unwrap();
+    let fenced = plain
+        .run(|| async { a.fenced_lock("shared").lock().await })
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(fenced.token(), 3);
-    assert_eq!(a.lock("shared").hold_count().await.unwrap(), 2);
+    assert_eq!(fenced.owner(), plain.owner());
+    assert_eq!(
+        a.lock("shared").with_owner(plain.owner()).hold_count().await.unwrap(),
+        2
+    );
     assert!(b.fenced_lock("shared").try_lock().await.unwrap().is_none());
     fenced.unlock().await.unwrap();
     assert!(a.lock("shared").is_locked().await.unwrap());
@@ -508,7 +523,7 @@ async fn a_fenced_lock_user_needs_the_token_key_incr_and_get() {
         let b = connect().await?;
         let lock = a.fenced_lock("job");
         let outer = lock.lock().await?;
-        let inner = lock.try_lock().await?.expect("re-enters");
+        let inner = outer.reenter().await?;
         if inner.token() <= outer.token() || lock.token().await? != Some(inner.token()) {
             panic!("tokens are wrong");
         }

@@ -474,7 +474,7 @@ async fn reentry_both_ways() {
     let lock = rust.lock("reentry:rust-holds");
     let name = lock.name().to_owned();
     let outer = lock.lock().await.unwrap();
-    let inner = lock.lock().await.unwrap();
+    let inner = outer.reenter().await.unwrap();
     let owner = outer.owner().to_string();
     let count: Option<i64> = raw.hget(&name, &owner).await.unwrap();
     assert_eq!(count, Some(2));

@@ -38,18 +38,27 @@ async fn reentry_counts_up_and_down_and_the_key_goes() {
     let lock = client.lock("reentry");
     assert_eq!(lock.hold_count().await.unwrap(), 0);
     let g1 = lock.lock().await.unwrap();
-    assert_eq!(lock.hold_count().await.unwrap(), 1);
-    let g2 = lock.lock().await.unwrap();
-    let g3 = lock.try_lock().await.unwrap().expect("same task re-enters");
-    assert_eq!(lock.hold_count().await.unwrap(), 3);
-    assert!(lock.is_held_by_current_task().await.unwrap());
+    let owned = lock.with_owner(g1.owner());
+    assert_eq!(owned.hold_count().await.unwrap(), 1);
+    // Outside the hold's scope a second acquire is another owner: it does not re-enter.
+    assert!(lock.try_lock().await.unwrap().is_none());
+    let g2 = g1.reenter().await.unwrap();
+    let g3 = g1
+        .run(|| async { lock.try_lock().await.unwrap().expect("re-enters in scope") })
+        .await
+        .unwrap();
+    assert_eq!(owned.hold_count().await.unwrap(), 3);
+    assert!(owned.is_held_in_scope().await.unwrap());
+    assert!(g1.run(|| lock.is_held_in_scope()).await.unwrap().unwrap());
+    assert_eq!(g1.run(|| lock.hold_count()).await.unwrap().unwrap(), 3);
+    assert!(!lock.is_held_in_scope().await.unwrap(), "no scope, no owner");
     g3.unlock().await.unwrap();
-    assert_eq!(lock.hold_count().await.unwrap(), 2);
+    assert_eq!(owned.hold_count().await.unwrap(), 2);
     g2.unlock().await.unwrap();
-    assert_eq!(lock.hold_count().await.unwrap(), 1);
+    assert_eq!(owned.hold_count().await.unwrap(), 1);
     assert!(lock.is_locked().await.unwrap());
     g1.unlock().await.unwrap();
-    assert_eq!(lock.hold_count().await.unwrap(), 0);
+    assert_eq!(owned.hold_count().await.unwrap(), 0);
     assert!(!lock.is_locked().await.unwrap());
     let exists: i64 = raw.exists("reentry").await.unwrap();
     assert_eq!(exists, 0, "the key is deleted at count 0");
@@ -68,7 +77,7 @@ async fn wire_layout_matches_redisson() {
         "redisson_lock__channel:{user}:1"
     );
     let guard = lock.lock().await.unwrap();
-    let _again = lock.lock().await.unwrap();
+    let _again = guard.reenter().await.unwrap();
     let fields: HashMap<String, i64> = raw.hgetall("order:42").await.unwrap();
     assert_eq!(fields.len(), 1);
     let (field, count) = fields.into_iter().next().unwrap();
@@ -150,7 +159,7 @@ async fn two_clients_exclude_each_other() {
     assert!(b.lock("excl").try_lock().await.unwrap().is_none());
     assert_eq!(b.lock("excl").hold_count().await.unwrap(), 0);
     assert!(b.lock("excl").is_locked().await.unwrap());
-    assert!(!b.lock("excl").is_held_by_current_task().await.unwrap());
+    assert!(!b.lock("excl").is_held_in_scope().await.unwrap());
     held.unlock().await.unwrap();
     let got = b.lock("excl").try_lock().await.unwrap().expect("free now");
     got.unlock().await.unwrap();
@@ -399,10 +408,13 @@ async fn lost_fires_after_force_unlock_by_another_client() {
         .await
         .expect("lost() resolves after force_unlock");
     assert!(guard.is_lost());
-    // A lost guard sends nothing: a new hold of the same task survives its unlock.
-    let again = a.lock("forced").lock().await.unwrap();
+    // A lost guard sends nothing: a new hold of the same owner survives its unlock.
+    let again = a.lock("forced").with_owner(guard.owner()).lock().await.unwrap();
     assert!(matches!(guard.unlock().await, Err(Error::NotHeld { .. })));
-    assert_eq!(a.lock("forced").hold_count().await.unwrap(), 1);
+    assert_eq!(
+        a.lock("forced").with_owner(again.owner()).hold_count().await.unwrap(),
+        1
+    );
     again.unlock().await.unwrap();
     a.shutdown().await.unwrap();
     b.shutdown().await.unwrap();
@@ -462,8 +474,9 @@ async fn a_key_that_is_not_a_lock_gives_wrong_type() {
         lock.try_lock().await,
         Err(Error::WrongType { .. })
     ));
+    let owned = lock.with_owner(format!("{}:1", client.id()).parse().unwrap());
     assert!(matches!(
-        lock.hold_count().await,
+        owned.hold_count().await,
         Err(Error::WrongType { .. })
     ));
     assert!(matches!(
@@ -668,21 +681,20 @@ async fn unreachable_redis_is_a_connection_error() {
 }
 
 #[test]
-fn outside_a_task_the_thread_is_the_owner() {
+fn outside_a_task_scopes_still_decide() {
     let server = RedisServer::start();
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let client = client(&server).await;
         let lock = client.lock("blockon");
-        // The block_on body is no task: re-entry works per thread.
+        // The block_on body is no task: the scope decides there as anywhere.
         let g1 = lock.lock().await.unwrap();
-        let g2 = lock
-            .try_lock()
+        assert!(lock.try_lock().await.unwrap().is_none(), "a new owner");
+        let g2 = g1
+            .run(|| async { lock.try_lock().await.unwrap().expect("re-enters in scope") })
             .await
-            .unwrap()
-            .expect("same thread re-enters");
-        assert_eq!(lock.hold_count().await.unwrap(), 2);
-        assert!(g1.owner().number() >= 1 << 62);
+            .unwrap();
+        assert_eq!(lock.with_owner(g1.owner()).hold_count().await.unwrap(), 2);
         let in_task = {
             let lock = lock.clone();
             tokio::spawn(async move { lock.try_lock().await.unwrap().is_some() })
@@ -701,7 +713,7 @@ async fn arc_shared_client_and_clones() {
     let lock = client.lock("clone");
     let copy = lock.clone();
     let g = lock.lock().await.unwrap();
-    assert_eq!(copy.hold_count().await.unwrap(), 1);
+    assert_eq!(g.run(|| copy.hold_count()).await.unwrap().unwrap(), 1);
     g.unlock().await.unwrap();
     client.shutdown().await.unwrap();
 }

@@ -221,9 +221,12 @@ async fn redlock_is_reentrant_and_excludes_other_tasks() {
     let a = clients(&servers, Duration::from_secs(30)).await;
     let rl = redlock(&a);
     let outer = rl.lock().await.unwrap();
-    let inner = rl.try_lock().await.unwrap().expect("same task re-enters");
+    let inner = outer.reenter().await.unwrap();
     for c in &a {
-        assert_eq!(c.lock(NAME).hold_count().await.unwrap(), 2);
+        let part = outer.guards().iter().map(|g| g.owner());
+        let owner = part.clone().find(|o| o.client_id() == c.id()).unwrap();
+        let owned = c.lock(NAME).with_owner(owner);
+        assert_eq!(owned.hold_count().await.unwrap(), 2);
     }
     let other = {
         let rl = rl.clone();
@@ -420,11 +423,16 @@ async fn multilock_is_all_or_nothing_across_clients() {
         "the rest released"
     );
 
-    // Reentry: the same task takes it twice, each part counts 2.
+    // Reentry: the holder takes it again, each part counts 2.
     let g1 = multi.lock().await.unwrap();
-    let g2 = multi.try_lock().await.unwrap().expect("re-enters");
-    assert_eq!(c1.lock("acct:1").hold_count().await.unwrap(), 2);
-    assert_eq!(c2.lock("acct:2").hold_count().await.unwrap(), 2);
+    let g2 = g1.reenter().await.unwrap();
+    let part = |c: &Client| {
+        let mut owners = g1.guards().iter().map(|g| g.owner());
+        owners.find(|o| o.client_id() == c.id()).unwrap()
+    };
+    let (p1, p2) = (part(&c1), part(&c2));
+    assert_eq!(c1.lock("acct:1").with_owner(p1).hold_count().await.unwrap(), 2);
+    assert_eq!(c2.lock("acct:2").with_owner(p2).hold_count().await.unwrap(), 2);
     g2.unlock().await.unwrap();
     g1.unlock().await.unwrap();
     assert!(!c1.lock("acct:1").is_locked().await.unwrap());

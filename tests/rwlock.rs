@@ -114,7 +114,7 @@ async fn wire_layout_matches_redisson() {
         .await
         .unwrap();
     let owner = r1.owner().to_string();
-    assert_eq!(owner, rw.read().owner().to_string());
+    assert_eq!(owner, r2.owner().to_string());
     assert!(owner.starts_with(client.id()));
     let hash = fields(&raw, "catalog").await;
     assert_eq!(hash.len(), 2, "{hash:?}");
@@ -304,26 +304,31 @@ async fn reentry_on_both_sides() {
     let rw = client.read_write_lock("reenter");
     let (read, write) = (rw.read(), rw.write());
     let r1 = read.lock().await.unwrap();
-    let r2 = read.try_lock().await.unwrap().expect("a reader re-enters");
-    let r3 = read.lock().await.unwrap();
-    assert_eq!(read.hold_count().await.unwrap(), 3);
-    assert!(read.is_held_by_current_task().await.unwrap());
-    assert_eq!(write.hold_count().await.unwrap(), 0);
+    let r2 = r1
+        .run(|| async { read.try_lock().await.unwrap().expect("a reader re-enters") })
+        .await
+        .unwrap();
+    let r3 = r1.reenter().await.unwrap();
+    let (owned_read, owned_write) = (read.with_owner(r1.owner()), write.with_owner(r1.owner()));
+    assert_eq!(owned_read.hold_count().await.unwrap(), 3);
+    assert!(owned_read.is_held_in_scope().await.unwrap());
+    assert!(r1.run(|| read.is_held_in_scope()).await.unwrap().unwrap());
+    assert_eq!(owned_write.hold_count().await.unwrap(), 0);
     r3.unlock().await.unwrap();
     r2.unlock().await.unwrap();
-    assert_eq!(read.hold_count().await.unwrap(), 1);
+    assert_eq!(owned_read.hold_count().await.unwrap(), 1);
     r1.unlock().await.unwrap();
-    assert_eq!(read.hold_count().await.unwrap(), 0);
+    assert_eq!(owned_read.hold_count().await.unwrap(), 0);
     assert!(!exists(&raw, "reenter").await);
 
     let w1 = write.lock().await.unwrap();
-    let w2 = write
-        .try_lock()
+    let w2 = w1
+        .run(|| async { write.try_lock().await.unwrap().expect("the writer re-enters") })
         .await
-        .unwrap()
-        .expect("the writer re-enters");
-    assert_eq!(write.hold_count().await.unwrap(), 2);
-    assert!(write.is_held_by_current_task().await.unwrap());
+        .unwrap();
+    let owned_write = write.with_owner(w1.owner());
+    assert_eq!(owned_write.hold_count().await.unwrap(), 2);
+    assert!(owned_write.is_held_in_scope().await.unwrap());
     let other = client.read_write_lock("reenter");
     let excluded = tokio::spawn(async move {
         (
@@ -431,27 +436,27 @@ async fn a_reader_cannot_upgrade() {
     let rw = client.read_write_lock("upgrade");
     let r = rw.read().lock().await.unwrap();
     let start = Instant::now();
-    assert!(matches!(
-        rw.write().lock().await,
-        Err(Error::WouldDeadlock { .. })
-    ));
-    assert!(matches!(
-        rw.write().try_lock().await,
-        Err(Error::WouldDeadlock { .. })
-    ));
-    let err = rw
-        .write()
-        .try_lock_for(Duration::from_secs(5))
+    // Inside the read hold's scope, the write half is the same owner: a wait could never end.
+    let (waiting, trying, bounded) = r
+        .run(|| async {
+            let waiting = rw.write().lock().await.map(drop);
+            let trying = rw.write().try_lock().await.map(|g| g.is_some());
+            let bounded = rw.write().try_lock_for(Duration::from_secs(5)).await;
+            (waiting, trying, bounded.map(drop))
+        })
         .await
-        .unwrap_err();
+        .unwrap();
+    assert!(matches!(waiting, Err(Error::WouldDeadlock { .. })));
+    assert_eq!(trying.unwrap(), false, "a try cannot deadlock: it just fails");
+    let err = bounded.unwrap_err();
     assert!(matches!(err, Error::WouldDeadlock { ref name, .. } if name == "upgrade"));
     assert!(err.to_string().contains("upgrade"), "{err}");
     assert!(
         start.elapsed() < Duration::from_secs(2),
         "refused at once, not after waiting"
     );
-    assert_eq!(rw.read().hold_count().await.unwrap(), 1);
-    assert_eq!(rw.write().hold_count().await.unwrap(), 0);
+    assert_eq!(rw.read().with_owner(r.owner()).hold_count().await.unwrap(), 1);
+    assert_eq!(rw.write().with_owner(r.owner()).hold_count().await.unwrap(), 0);
     let hash = fields(&raw, "upgrade").await;
     assert_eq!(hash.len(), 2, "nothing was written: {hash:?}");
     // Another owner's writer simply waits (no error: it does not hold a read hold).
@@ -732,7 +737,8 @@ async fn keys_that_are_not_read_write_locks_are_never_touched() {
     assert!(wrong(rw.read().try_lock().await.map(drop)));
     assert!(wrong(rw.write().lock().await.map(drop)));
     assert!(wrong(rw.write().try_lock().await.map(drop)));
-    assert!(wrong(rw.read().hold_count().await.map(drop)));
+    let someone: redbaton::Owner = format!("{}:1", client.id()).parse().unwrap();
+    assert!(wrong(rw.read().with_owner(someone).hold_count().await.map(drop)));
     assert!(wrong(rw.write().is_locked().await.map(drop)));
     assert!(wrong(rw.read().force_unlock().await.map(drop)));
     assert!(wrong(rw.write().force_unlock().await.map(drop)));
@@ -777,7 +783,7 @@ async fn the_watchdog_renews_read_holds_and_their_timeout_keys() {
     let other = client(&server).await;
     let rw = holder.read_write_lock("renew");
     let r1 = rw.read().lock().await.unwrap();
-    let r2 = rw.read().lock().await.unwrap();
+    let r2 = r1.reenter().await.unwrap();
     let owner = r1.owner().to_string();
     let w = holder
         .read_write_lock("renew-w")

@@ -100,11 +100,12 @@ async fn lock_user_workload(server: &RedisServer) -> redbaton::Result<()> {
     let b = lock_user(server, lease).await?;
     let lock = a.lock("job");
     let outer = lock.lock().await?;
-    let inner = lock.lock().await?;
-    if lock.hold_count().await? != 2 || !lock.is_locked().await? {
+    let inner = outer.reenter().await?;
+    let owned = lock.with_owner(outer.owner());
+    if owned.hold_count().await? != 2 || !lock.is_locked().await? {
         panic!("hold count and is_locked are wrong");
     }
-    if !lock.is_held_by_current_task().await? || lock.remaining_ttl().await?.is_none() {
+    if !owned.is_held_in_scope().await? || lock.remaining_ttl().await?.is_none() {
         panic!("ownership or TTL is wrong");
     }
     // Outlive two leases: the watchdog must renew.

@@ -32,7 +32,7 @@ async fn owners_counts_ttl_and_waiters(mode: PubSubMode) {
     );
 
     let g1 = lock.lock().await.unwrap();
-    let g2 = lock.lock().await.unwrap();
+    let g2 = g1.reenter().await.unwrap();
     let state = lock.state().await.unwrap();
     assert_eq!(state.owners, vec![(g1.owner().to_string(), 2)]);
     assert_eq!(state.hold_count(), 2);

@@ -72,15 +72,16 @@ async fn worker(client: Client, log: Arc<Mutex<Vec<Section>>>, seed: u64) -> usi
                 .await
                 .unwrap(),
             _ => {
-                // Reentrant: the section runs under a nested hold of the same task.
+                // Reentrant: the section runs under a nested hold of the same owner.
                 let outer = lock.lock().await.unwrap();
-                let inner = lock.lock().await.unwrap();
-                assert_eq!(lock.hold_count().await.unwrap(), 2);
+                let inner = outer.reenter().await.unwrap();
+                let owned = lock.with_owner(outer.owner());
+                assert_eq!(owned.hold_count().await.unwrap(), 2);
                 let (fence, start) = critical_section(&client, name, hold).await;
                 let end = now();
                 let lost = inner.is_lost();
                 release(inner, lost).await;
-                assert!(lost || lock.is_held_by_current_task().await.unwrap());
+                assert!(lost || owned.is_held_in_scope().await.unwrap());
                 log.lock().push(Section {
                     name,
                     start,

@@ -193,7 +193,7 @@ async fn gone_from_redis(held: &Lock) -> String {
     check.tick().await;
     loop {
         check.tick().await;
-        match tokio::time::timeout(CHECK_EVERY, held.is_held_by_current_task()).await {
+        match tokio::time::timeout(CHECK_EVERY, held.is_held_in_scope()).await {
             Ok(Ok(true)) => {}
             Ok(Ok(false)) => return "it was force-unlocked or expired".to_owned(),
             Ok(Err(e)) => tracing::debug!(error = %e, "hold check failed"),

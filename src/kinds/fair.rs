@@ -175,17 +175,26 @@ impl FairLock {
         &self.hash().channel
     }
 
-    /// The channel this handle's owner listens on while it waits
-    /// (`redisson_lock__channel:{key}:<owner field>`): a release publishes `0` there when
-    /// this owner is at the head of the queue.
-    pub fn waiter_channel(&self) -> String {
-        let field = self.named().owner_field(self.owner.as_ref());
-        format!("{}:{field}", self.hash().channel)
+    /// The id of the client this handle belongs to (the first part of its owners' fields).
+    /// For tests and diagnostics; not part of the stable API.
+    #[doc(hidden)]
+    pub fn client_id(&self) -> &str {
+        &self.named().client.id
     }
 
-    /// This handle acting as an explicit `owner` instead of the current task.
+    /// The channel this handle's [`owner`](Self::owner) listens on while it waits
+    /// (`redisson_lock__channel:{key}:<owner field>`): a release publishes `0` there when
+    /// this owner is at the head of the queue. `None` when the handle has no owner yet (an
+    /// acquisition outside every hold's scope is a new owner, with a channel of its own).
+    pub fn waiter_channel(&self) -> Option<String> {
+        let field = self.named().owner_field(self.owner.as_ref())?;
+        Some(format!("{}:{field}", self.hash().channel))
+    }
+
+    /// This handle acting as an explicit `owner`: every acquisition through it is that
+    /// owner's, wherever it runs.
     ///
-    /// Two tasks waiting as one owner share one place in the queue: when one of them gives
+    /// Two calls waiting as one owner share one place in the queue: when one of them gives
     /// up, the place is gone for both (the other queues again at the back on its next try).
     pub fn with_owner(&self, owner: Owner) -> Self {
         Self {
@@ -195,12 +204,15 @@ impl FairLock {
         }
     }
 
-    /// The owner this handle acts as right now.
-    pub fn owner(&self) -> Owner {
+    /// The owner this handle acts as right now: its explicit owner, else the owner of the
+    /// hold of this lock whose scope the caller runs in (see [`Guard::run`]); `None` outside
+    /// every such scope, where an acquisition is a new owner.
+    pub fn owner(&self) -> Option<Owner> {
         self.hash().owner(self.owner.as_ref())
     }
 
-    /// This owner's reentry count (0 when it does not hold the lock).
+    /// The reentry count of [`owner`](Self::owner) (0 when it does not hold the lock, or
+    /// there is none).
     pub async fn hold_count(&self) -> Result<u32> {
         self.hash().hold_count(self.owner.as_ref()).await
     }
@@ -210,9 +222,17 @@ impl FairLock {
         self.hash().is_locked().await
     }
 
-    /// Whether this owner (by default the current task) holds the lock.
-    pub async fn is_held_by_current_task(&self) -> Result<bool> {
+    /// Whether [`owner`](Self::owner) holds the lock: with no explicit owner, whether the
+    /// caller runs inside the scope of a hold of it that Redis still has.
+    pub async fn is_held_in_scope(&self) -> Result<bool> {
         self.hash().is_held_by(self.owner.as_ref()).await
+    }
+
+    /// The former name of [`is_held_in_scope`](Self::is_held_in_scope): a lock's owner is no
+    /// longer its tokio task.
+    #[deprecated(note = "owners are holds' scopes, not tasks: use `is_held_in_scope`")]
+    pub async fn is_held_by_current_task(&self) -> Result<bool> {
+        self.is_held_in_scope().await
     }
 
     /// How long the lock's lease has left; `None` when it is not locked.

@@ -15,7 +15,6 @@ use crate::config::MAX_LEASE;
 use crate::conn::{Call, Conn};
 use crate::holds::HoldOps;
 use crate::hub::Wake;
-use crate::owner::current_owner_number;
 use crate::{Error, Result};
 
 pub(crate) mod fair;
@@ -78,15 +77,29 @@ impl Named {
         self.client.conn.error(err, self.name())
     }
 
-    /// The owner field of `owner`, or of the current task when `None`.
-    pub(crate) fn owner_field(&self, owner: Option<&Arc<str>>) -> Arc<str> {
+    /// The owner field of `owner`, or else of the hold of this lock whose scope the caller
+    /// runs in; `None` outside every such scope (an acquisition there is a new owner).
+    pub(crate) fn owner_field(&self, owner: Option<&Arc<str>>) -> Option<Arc<str>> {
         match owner {
-            Some(field) => field.clone(),
-            None => self.task_field(current_owner_number()),
+            Some(field) => Some(field.clone()),
+            None => self.enclosing().map(|number| self.task_field(number)),
         }
     }
 
-    /// The owner field of the task (or thread) numbered `number` in this client.
+    /// The owner `owner` names, or else the enclosing hold's (see [`owner_field`]).
+    ///
+    /// [`owner_field`]: Named::owner_field
+    pub(crate) fn owner(&self, owner: Option<&Arc<str>>) -> Option<crate::Owner> {
+        let field = self.owner_field(owner)?;
+        Some(field.parse().expect("owner fields are always well-formed"))
+    }
+
+    /// The owner number of the hold of this lock whose scope the caller runs in, if any.
+    pub(crate) fn enclosing(&self) -> Option<u64> {
+        crate::scope::enclosing(&self.client.id, &self.key)
+    }
+
+    /// The owner field of the owner numbered `number` in this client.
     pub(crate) fn task_field(&self, number: u64) -> Arc<str> {
         owner_text(&self.client.id, number)
     }

@@ -11,7 +11,7 @@ use crate::conn::{lua_script, Ack, Call, Conn};
 use crate::holds::{HoldOps, Renewal};
 use crate::hub::Wake;
 use crate::kinds::{acquire_methods, decode_counted, prefix_name, Kind, Named, Reply};
-use crate::owner::{current_owner_number, Owner};
+use crate::owner::Owner;
 use crate::Result;
 
 lua_script!(ACQUIRE, "lock/acquire.lua");
@@ -110,15 +110,18 @@ impl HashLock {
         }
     }
 
-    /// The reentry count of `owner` (the current task when `None`).
+    /// The reentry count of `owner` (the enclosing hold's owner when `None`).
     pub(crate) async fn hold_count(&self, owner: Option<&Arc<str>>) -> Result<u32> {
         let named = &self.named;
         named.check()?;
+        let Some(field) = named.owner_field(owner) else {
+            return Ok(0); // a new owner holds nothing
+        };
         let count: Option<i64> = named
             .client
             .conn
             .redis()
-            .hget(&*named.key, &*named.owner_field(owner))
+            .hget(&*named.key, &*field)
             .await
             .map_err(|e| named.error(&e))?;
         Ok(count.unwrap_or(0).clamp(0, i64::from(u32::MAX)) as u32)
@@ -140,11 +143,14 @@ impl HashLock {
     pub(crate) async fn is_held_by(&self, owner: Option<&Arc<str>>) -> Result<bool> {
         let named = &self.named;
         named.check()?;
+        let Some(field) = named.owner_field(owner) else {
+            return Ok(false);
+        };
         named
             .client
             .conn
             .redis()
-            .hexists(&*named.key, &*named.owner_field(owner))
+            .hexists(&*named.key, &*field)
             .await
             .map_err(|e| named.error(&e))
     }
@@ -182,14 +188,9 @@ impl HashLock {
         Ok(deleted == 1)
     }
 
-    /// The owner `owner` names, or the current task.
-    pub(crate) fn owner(&self, owner: Option<&Arc<str>>) -> Owner {
-        match owner {
-            Some(field) => field
-                .parse()
-                .expect("explicit owners are parsed on the way in"),
-            None => Owner::new(&self.named.client.id, current_owner_number()),
-        }
+    /// The owner `owner` names, or the enclosing hold's.
+    pub(crate) fn owner(&self, owner: Option<&Arc<str>>) -> Option<Owner> {
+        self.named.owner(owner)
     }
 }
 
@@ -212,10 +213,11 @@ macro_rules! hash_lock_methods {
             &self.hash().channel
         }
 
-        /// This handle acting as an explicit `owner` instead of the current task.
+        /// This handle acting as an explicit `owner`: every acquisition through it is that
+        /// owner's, wherever it runs.
         ///
-        /// Use it to release in another task than the one that locked, or to re-enter a
-        /// hold that another process passed on (the command-line tool's `REDBATON_OWNER`).
+        /// Use it to hand a hold over on purpose — to re-enter, from another task or process,
+        /// a hold whose owner was passed on (the command-line tool's `REDBATON_OWNER`).
         pub fn with_owner(&self, owner: $crate::Owner) -> Self {
             Self {
                 inner: self.inner.clone(),
@@ -223,12 +225,16 @@ macro_rules! hash_lock_methods {
             }
         }
 
-        /// The owner this handle acts as right now.
-        pub fn owner(&self) -> $crate::Owner {
+        /// The owner this handle acts as right now: its explicit owner, else the owner of
+        /// the hold of this lock whose scope the caller runs in (see
+        /// [`Guard::run`]($crate::Guard::run)); `None` outside every such scope, where an
+        /// acquisition is a new owner.
+        pub fn owner(&self) -> Option<$crate::Owner> {
             self.hash().owner(self.owner.as_ref())
         }
 
-        /// This owner's reentry count (0 when it does not hold the lock).
+        /// The reentry count of [`owner`](Self::owner) (0 when it does not hold the lock, or
+        /// there is none).
         pub async fn hold_count(&self) -> $crate::Result<u32> {
             self.hash().hold_count(self.owner.as_ref()).await
         }
@@ -238,9 +244,17 @@ macro_rules! hash_lock_methods {
             self.hash().is_locked().await
         }
 
-        /// Whether this owner (by default the current task) holds the lock.
-        pub async fn is_held_by_current_task(&self) -> $crate::Result<bool> {
+        /// Whether [`owner`](Self::owner) holds the lock: with no explicit owner, whether the
+        /// caller runs inside the scope of a hold of it that Redis still has.
+        pub async fn is_held_in_scope(&self) -> $crate::Result<bool> {
             self.hash().is_held_by(self.owner.as_ref()).await
+        }
+
+        /// The former name of [`is_held_in_scope`](Self::is_held_in_scope): a lock's owner is
+        /// no longer its tokio task.
+        #[deprecated(note = "owners are holds' scopes, not tasks: use `is_held_in_scope`")]
+        pub async fn is_held_by_current_task(&self) -> $crate::Result<bool> {
+            self.is_held_in_scope().await
         }
 
         /// How long the lock's lease has left; `None` when it is not locked.

@@ -28,7 +28,7 @@ use crate::holds::{HoldOps, Renewal};
 use crate::hub::Wake;
 use crate::kinds::reentrant::RENEW;
 use crate::kinds::{acquire_methods, decode_counted, Kind, Named, Reply};
-use crate::owner::{current_owner_number, Owner};
+use crate::owner::Owner;
 use crate::{Error, Guard, Result};
 
 lua_script!(READ_ACQUIRE, "rwlock/read_acquire.lua");
@@ -191,17 +191,15 @@ impl Base {
         Ok(deleted == 1)
     }
 
-    fn owner_field(&self, owner: Option<&Arc<str>>) -> Arc<str> {
-        self.named.owner_field(owner)
-    }
-
-    fn owner(&self, owner: Option<&Arc<str>>) -> Owner {
-        match owner {
-            Some(field) => field
-                .parse()
-                .expect("explicit owners are parsed on the way in"),
-            None => Owner::new(&self.named.client.id, current_owner_number()),
-        }
+    /// The reentry counts of `owner` (else the enclosing hold's owner): read and write, both
+    /// 0 when there is no such owner.
+    async fn counts(&self, owner: Option<&Arc<str>>) -> Result<(i64, i64)> {
+        let Some(field) = self.named.owner_field(owner) else {
+            self.named.check()?;
+            return Ok((0, 0));
+        };
+        let (_, _, reads, writes) = self.state(&field).await?;
+        Ok((reads, writes))
     }
 }
 
@@ -307,9 +305,9 @@ macro_rules! half_methods {
             &self.half.0.channel
         }
 
-        /// This handle acting as an explicit `owner` instead of the current task (to release
-        /// in another task than the one that locked, or to re-enter a hold another process
-        /// passed on).
+        /// This handle acting as an explicit `owner`: every acquisition through it is that
+        /// owner's, wherever it runs (to re-enter, from another task or process, a hold whose
+        /// owner was passed on).
         pub fn with_owner(&self, owner: Owner) -> Self {
             Self {
                 half: self.half.clone(),
@@ -317,9 +315,25 @@ macro_rules! half_methods {
             }
         }
 
-        /// The owner this handle acts as right now.
-        pub fn owner(&self) -> Owner {
-            self.half.0.owner(self.owner.as_ref())
+        /// The owner this handle acts as right now: its explicit owner, else the owner of
+        /// the hold of this lock (either half) whose scope the caller runs in (see
+        /// [`Guard::run`](crate::Guard::run)); `None` outside every such scope, where an
+        /// acquisition is a new owner.
+        pub fn owner(&self) -> Option<Owner> {
+            self.half.0.named.owner(self.owner.as_ref())
+        }
+
+        /// Whether [`owner`](Self::owner) holds this half: with no explicit owner, whether
+        /// the caller runs inside the scope of a hold of this lock that holds it.
+        pub async fn is_held_in_scope(&self) -> Result<bool> {
+            Ok(self.hold_count().await? > 0)
+        }
+
+        /// The former name of [`is_held_in_scope`](Self::is_held_in_scope): a lock's owner
+        /// is no longer its tokio task.
+        #[deprecated(note = "owners are holds' scopes, not tasks: use `is_held_in_scope`")]
+        pub async fn is_held_by_current_task(&self) -> Result<bool> {
+            self.is_held_in_scope().await
         }
     };
 }
@@ -328,23 +342,18 @@ impl ReadLock {
     acquire_methods!(ReadLock);
     half_methods!();
 
-    /// This owner's read reentry count (0 when it holds no read hold).
+    /// The read reentry count of [`owner`](Self::owner) (0 when it holds no read hold, or
+    /// there is none).
     pub async fn hold_count(&self) -> Result<u32> {
-        let base = &self.half.0;
-        let (_, _, reads, _) = base.state(&base.owner_field(self.owner.as_ref())).await?;
+        let (reads, _) = self.half.0.counts(self.owner.as_ref()).await?;
         Ok(reads.clamp(0, i64::from(u32::MAX)) as u32)
-    }
-
-    /// Whether this owner (by default the current task) holds a read hold.
-    pub async fn is_held_by_current_task(&self) -> Result<bool> {
-        Ok(self.hold_count().await? > 0)
     }
 
     /// Whether the lock is held for reading (Redisson's meaning): in read mode, or in write
     /// mode with read holds of the writer besides its write hold.
     pub async fn is_locked(&self) -> Result<bool> {
         let base = &self.half.0;
-        let (mode, len, _, _) = base.state(&base.owner_field(self.owner.as_ref())).await?;
+        let (mode, len, _, _) = base.state("").await?;
         Ok(mode == "read" || (mode == "write" && len > 2))
     }
 
@@ -362,22 +371,17 @@ impl WriteLock {
     acquire_methods!(WriteLock);
     half_methods!();
 
-    /// This owner's write reentry count (0 when it does not hold the write lock).
+    /// The write reentry count of [`owner`](Self::owner) (0 when it does not hold the write
+    /// lock, or there is none).
     pub async fn hold_count(&self) -> Result<u32> {
-        let base = &self.half.0;
-        let (_, _, _, writes) = base.state(&base.owner_field(self.owner.as_ref())).await?;
+        let (_, writes) = self.half.0.counts(self.owner.as_ref()).await?;
         Ok(writes.clamp(0, i64::from(u32::MAX)) as u32)
-    }
-
-    /// Whether this owner (by default the current task) holds the write lock.
-    pub async fn is_held_by_current_task(&self) -> Result<bool> {
-        Ok(self.hold_count().await? > 0)
     }
 
     /// Whether the lock is held for writing (in write mode).
     pub async fn is_locked(&self) -> Result<bool> {
         let base = &self.half.0;
-        let (mode, _, _, _) = base.state(&base.owner_field(self.owner.as_ref())).await?;
+        let (mode, _, _, _) = base.state("").await?;
         Ok(mode == "write")
     }
 

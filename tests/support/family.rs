@@ -90,6 +90,12 @@ pub trait AnyGuard: Send + Sync {
     fn lost(&self) -> Fut<'_, ()>;
     /// Whether the lease is lost.
     fn is_lost(&self) -> bool;
+    /// `reenter()`: a nested hold of this owner.
+    fn reenter(&self) -> Fut<'_, Result<Held>>;
+    /// `run(|| work)`: `work` polled inside this hold's scope.
+    fn run<'a>(&'a self, work: Fut<'a, ()>) -> Fut<'a, Result<()>>;
+    /// The hold's owner.
+    fn owner(&self) -> redbaton::Owner;
 }
 
 /// One hold of any kind (an erased guard).
@@ -115,6 +121,21 @@ impl Held {
     pub fn is_lost(&self) -> bool {
         self.0.is_lost()
     }
+
+    /// A nested hold of this owner, without a scope (`guard.reenter()`).
+    pub async fn reenter(&self) -> Result<Held> {
+        self.0.reenter().await
+    }
+
+    /// `work`, polled inside this hold's scope (`guard.run`).
+    pub async fn run<'a>(&'a self, work: impl Future<Output = ()> + Send + 'a) -> Result<()> {
+        self.0.run(Box::pin(work)).await
+    }
+
+    /// The hold's owner.
+    pub fn owner(&self) -> redbaton::Owner {
+        self.0.owner()
+    }
 }
 
 /// A lock handle of any kind.
@@ -132,8 +153,12 @@ pub trait AnyLock: Send + Sync + 'static {
         -> Fut<'_, Result<Option<Held>>>;
     /// `is_locked()`.
     fn is_locked(&self) -> Fut<'_, Result<bool>>;
-    /// `hold_count()` of the current task.
+    /// `hold_count()` of the enclosing hold's owner (0 outside every scope).
     fn hold_count(&self) -> Fut<'_, Result<u32>>;
+    /// `with_owner(owner)`: this lock as an explicit owner.
+    fn with_owner(&self, owner: redbaton::Owner) -> Box<dyn AnyLock>;
+    /// `run(|| work)`: acquires, polls `work` inside the hold's scope, releases.
+    fn run<'a>(&'a self, work: Fut<'a, ()>) -> Fut<'a, Result<()>>;
     /// `force_unlock()`.
     fn force_unlock(&self) -> Fut<'_, Result<bool>>;
     /// The channel (or, for a kind with a channel per waiter, the prefix of every waiter's
@@ -187,6 +212,22 @@ macro_rules! family_kind {
             fn is_lost(&self) -> bool {
                 redbaton::Guard::<$kind>::is_lost(self)
             }
+            fn reenter(&self) -> $crate::family::Fut<'_, redbaton::Result<$crate::family::Held>> {
+                Box::pin(async move {
+                    redbaton::Guard::<$kind>::reenter(self)
+                        .await
+                        .map($crate::family::Held::new)
+                })
+            }
+            fn run<'a>(
+                &'a self,
+                work: $crate::family::Fut<'a, ()>,
+            ) -> $crate::family::Fut<'a, redbaton::Result<()>> {
+                Box::pin(redbaton::Guard::<$kind>::run(self, || work))
+            }
+            fn owner(&self) -> redbaton::Owner {
+                redbaton::Guard::<$kind>::owner(self)
+            }
         }
 
         impl $crate::family::AnyLock for $kind {
@@ -239,6 +280,15 @@ macro_rules! family_kind {
             fn hold_count(&self) -> $crate::family::Fut<'_, redbaton::Result<u32>> {
                 Box::pin(<$kind>::hold_count(self))
             }
+            fn with_owner(&self, owner: redbaton::Owner) -> Box<dyn $crate::family::AnyLock> {
+                Box::new(<$kind>::with_owner(self, owner))
+            }
+            fn run<'a>(
+                &'a self,
+                work: $crate::family::Fut<'a, ()>,
+            ) -> $crate::family::Fut<'a, redbaton::Result<()>> {
+                Box::pin(<$kind>::run(self, || work))
+            }
             fn force_unlock(&self) -> $crate::family::Fut<'_, redbaton::Result<bool>> {
                 Box::pin(<$kind>::force_unlock(self))
             }
@@ -286,6 +336,10 @@ macro_rules! conformance {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn reentry() {
                 $crate::family::reentry::<$kind>().await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn one_holder_per_scope() {
+                $crate::family::one_holder_per_scope::<$kind>().await
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn wake_up_without_polling() {
@@ -592,9 +646,11 @@ pub async fn exclusion<K: Family>() {
     b.shutdown().await.unwrap();
 }
 
-/// Invariant 6 (reentry is exact). One task takes the lock through each acquire method: the
-/// hold count follows every acquire and every release (in any order); the key has the kind's
-/// Redis type while held and is gone after the last release.
+/// Invariant 6 (reentry is exact) and 14 (re-entry by scope). Outside a hold's scope an
+/// acquire is a new owner (`try_lock` refuses, the count outside is 0); inside `guard.run`,
+/// every acquire method re-enters at once, and so do `guard.reenter()` and a nested
+/// `lock.run`: one owner field whose count follows every acquire and every release (in any
+/// order); the key has the kind's Redis type while held and is gone after the last release.
 pub async fn reentry<K: Family>() {
     let server = RedisServer::start();
     let raw = server.raw().await;
@@ -602,34 +658,64 @@ pub async fn reentry<K: Family>() {
     let kind = K::KIND;
     let lock = K::make(&a, NAME);
     assert_eq!(lock.hold_count().await.unwrap(), 0);
-    let mut guards = vec![lock.lock().await.unwrap()];
-    guards.push(lock.try_lock().await.unwrap().expect("re-enters"));
-    guards.push(
-        lock.try_lock_for(Duration::from_secs(1))
+    let first = lock.lock().await.unwrap();
+    if K::EXCLUSIVE {
+        assert!(
+            lock.try_lock().await.unwrap().is_none(),
+            "{kind}: outside the hold's scope, another owner"
+        );
+    }
+    assert_eq!(lock.hold_count().await.unwrap(), 0, "{kind}: no scope, no owner");
+    let owned = lock.with_owner(first.owner());
+    let nested = tokio::sync::Mutex::new(Vec::new());
+    let started = Instant::now();
+    first
+        .run(async {
+            let mut nested = nested.lock().await;
+            nested.push(lock.try_lock().await.unwrap().expect("re-enters"));
+            nested.push(
+                lock.try_lock_for(Duration::from_secs(1))
+                    .await
+                    .unwrap()
+                    .expect("re-enters"),
+            );
+            nested.push(lock.lock_with_lease(Duration::from_secs(60)).await.unwrap());
+            nested.push(
+                lock.try_lock_with_lease(Duration::from_secs(1), Duration::from_secs(60))
+                    .await
+                    .unwrap()
+                    .expect("re-enters"),
+            );
+            assert_eq!(lock.hold_count().await.unwrap(), 5, "{kind}: seen in scope");
+            // A lock's own run nests too: one more hold while it runs.
+            lock.run(Box::pin(async {
+                assert_eq!(lock.hold_count().await.unwrap(), 6, "{kind}: nested run");
+            }))
             .await
-            .unwrap()
-            .expect("re-enters"),
+            .unwrap();
+        })
+        .await
+        .unwrap();
+    let mut guards = vec![first];
+    guards.extend(nested.into_inner());
+    guards.push(guards[0].reenter().await.unwrap());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{kind}: nested acquires never wait"
     );
-    guards.push(lock.lock_with_lease(Duration::from_secs(60)).await.unwrap());
-    guards.push(
-        lock.try_lock_with_lease(Duration::from_secs(1), Duration::from_secs(60))
-            .await
-            .unwrap()
-            .expect("re-enters"),
-    );
-    assert_eq!(lock.hold_count().await.unwrap(), 5, "{kind}: five holds");
+    assert_eq!(owned.hold_count().await.unwrap(), 6, "{kind}: six holds, one owner");
     let key = lock.key();
     let key_type: String = raw.r#type(&key).await.unwrap();
     assert_eq!(key_type, K::KEY_TYPE, "{kind}: the key's type");
     // Release out of order: the middle, the first, then the rest.
-    let order = [2usize, 0, 3, 1, 4];
+    let order = [2usize, 0, 5, 3, 1, 4];
     let mut slots: Vec<Option<Held>> = guards.into_iter().map(Some).collect();
     for (done, &i) in order.iter().enumerate() {
         let held = slots[i].take().unwrap();
         held.unlock().await.unwrap();
-        let left = 4 - done as u32;
+        let left = 5 - done as u32;
         assert_eq!(
-            lock.hold_count().await.unwrap(),
+            owned.hold_count().await.unwrap(),
             left,
             "{kind}: count after {} releases",
             done + 1
@@ -644,6 +730,93 @@ pub async fn reentry<K: Family>() {
         !exists(&raw, &key).await,
         "{kind}: the key goes with the last hold"
     );
+    a.shutdown().await.unwrap();
+}
+
+/// Invariant 14 (one holder means one holder). Critical sections on one name, polled together
+/// in one task — `join!`, `select!`, `FuturesUnordered`, `for_each_concurrent`,
+/// `buffer_unordered` — are never inside at once (an exclusive kind; a shared kind's sections
+/// never overlap a rival's); on two names they run together.
+pub async fn one_holder_per_scope<K: Family>() {
+    use futures::stream::{self, FuturesUnordered, StreamExt};
+    use std::sync::atomic::AtomicUsize;
+
+    let server = RedisServer::start();
+    let a = client(&server).await;
+    let kind = K::KIND;
+    // An exclusive kind excludes itself; a shared one is checked against its rival.
+    let this: Arc<dyn AnyLock> = Arc::new(K::make(&a, NAME));
+    let other = K::rival(&a, NAME);
+    // Holders inside now: shared ones (a shared kind's) and exclusive ones (the rest).
+    let (shared, exclusive) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    let overlaps = AtomicUsize::new(0);
+    let section = |lock: Arc<dyn AnyLock>, sharing: bool| {
+        let (shared, exclusive, overlaps) = (&shared, &exclusive, &overlaps);
+        async move {
+            let held = lock.lock().await.unwrap();
+            let (mine, theirs) = if sharing {
+                (shared, exclusive)
+            } else {
+                (exclusive, shared)
+            };
+            let me = mine.fetch_add(1, Ordering::SeqCst) + 1;
+            if theirs.load(Ordering::SeqCst) > 0 || (!sharing && me > 1) {
+                overlaps.fetch_add(1, Ordering::SeqCst);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            mine.fetch_sub(1, Ordering::SeqCst);
+            held.unlock().await.unwrap();
+        }
+    };
+    // Alternates the kind and its rival, so a shared kind meets a writer every other time.
+    let pick = |i: usize| {
+        if i % 2 == 0 {
+            section(this.clone(), !K::EXCLUSIVE)
+        } else {
+            section(other.clone(), false)
+        }
+    };
+    let check = |how: &str| {
+        let seen = overlaps.swap(0, Ordering::SeqCst);
+        assert_eq!(seen, 0, "{kind}: {seen} overlapping holds under {how}");
+    };
+
+    tokio::join!(pick(0), pick(1), pick(2));
+    check("join!");
+    for _ in 0..3 {
+        tokio::select! {
+            _ = pick(0) => {}
+            _ = pick(1) => {}
+        }
+    }
+    check("select!");
+    let mut unordered: FuturesUnordered<_> = (0..4).map(pick).collect();
+    while unordered.next().await.is_some() {}
+    check("FuturesUnordered");
+    stream::iter(0..4)
+        .for_each_concurrent(4, pick)
+        .await;
+    check("for_each_concurrent");
+    stream::iter(0..4)
+        .map(pick)
+        .buffer_unordered(4)
+        .collect::<Vec<()>>()
+        .await;
+    check("buffer_unordered");
+
+    // Two names: each section waits until the other is inside too, so they must overlap.
+    let both = tokio::sync::Barrier::new(2);
+    let overlapping = |name: &'static str| {
+        let (lock, both) = (K::make(&a, name), &both);
+        async move {
+            let held = lock.lock().await.unwrap();
+            tokio::time::timeout(Duration::from_secs(20), both.wait())
+                .await
+                .unwrap_or_else(|_| panic!("{kind}: two names did not run together"));
+            held.unlock().await.unwrap();
+        }
+    };
+    tokio::join!(overlapping("family-a"), overlapping("family-b"));
     a.shutdown().await.unwrap();
 }
 
@@ -1093,7 +1266,7 @@ pub async fn shutdown_releases_and_refuses<K: Family>() {
     let kind = K::KIND;
     let lock = K::make(&a, NAME);
     let outer = lock.lock().await.unwrap();
-    let inner = lock.lock().await.unwrap();
+    let inner = outer.reenter().await.unwrap();
     a.shutdown().await.unwrap();
     assert!(
         !exists(&raw, &lock.key()).await,
