@@ -52,8 +52,6 @@ struct Hold {
     lease: Lease,
     /// Where a fixed lease ends by the local clock.
     expires: Option<Instant>,
-    /// How many baton passes in a row led to this hold (0: acquired by a waiter itself).
-    passes: u32,
 }
 
 impl<K: Kind> Guard<K> {
@@ -77,17 +75,10 @@ impl<K: Kind> Guard<K> {
                 generation: registered.generation,
                 lease,
                 expires,
-                passes: 0,
             },
             extra,
             released: false,
         }
-    }
-
-    /// A guard passed to a waiter: the `passes`-th pass in a row.
-    fn passed(mut self, passes: u32) -> Self {
-        self.hold.passes = passes;
-        self
     }
 
     /// This guard, as a handle of the waiter it was passed to: the same lock, that waiter's
@@ -290,7 +281,8 @@ async fn release<K: Kind>(kind: K, hold: Hold) -> Result<()> {
     if guards_left == 0 {
         // The hand-off latency of a waiter of this client starts here.
         client.holds.metrics().released(&named.key);
-        passing = Passing::claim(&kind, &hold).await;
+        // The run is the hold's, whichever of its guards (re-entry adds some) goes last.
+        passing = Passing::claim(&kind, &hold, turn.passes()).await;
     }
     let sent_at = Instant::now();
     let (passing, call) = match passing {
@@ -306,7 +298,7 @@ async fn release<K: Kind>(kind: K, hold: Hold) -> Result<()> {
                     // waiter gets no guard, so its hold goes as an acquire's would.
                     passing.undo(conn, ops, named.name()).await;
                 } else {
-                    passing.hand_over(&kind, sent_at, hold.passes + 1);
+                    passing.hand_over(&kind, sent_at);
                     // The next holder was just woken into this worker's next slot. Whatever
                     // the releaser does next (often another acquire, whose send wakes the
                     // connection's task) would push it out of that slot, onto the queue other
@@ -387,18 +379,20 @@ struct Passing<K: Kind> {
     field: Arc<str>,
     lease: Lease,
     extra: K::Extra,
+    /// This pass's place in the run of passes in a row.
+    passes: u32,
 }
 
 impl<K: Kind> Passing<K> {
     /// Claims the first parked waiter that can take `hold`'s lock, if the kind passes, the
-    /// client allows another pass in a row, and that waiter's turn is free (it is, unless an
-    /// abandoned attempt of its own is still finishing), with the pass script to send.
-    /// `None`: release as usual.
-    async fn claim(kind: &K, hold: &Hold) -> Option<(Passing<K>, crate::conn::Call)> {
+    /// client allows another pass after the `passes` in a row that led to the hold, and that
+    /// waiter's turn is free (it is, unless an abandoned attempt of its own is still
+    /// finishing), with the pass script to send. `None`: release as usual.
+    async fn claim(kind: &K, hold: &Hold, passes: u32) -> Option<(Passing<K>, crate::conn::Call)> {
         let named = kind.named();
         let client = &named.client;
         if !K::PASSES
-            || hold.passes >= client.config.baton_passes
+            || passes >= client.config.baton_passes
             || client.passes_refused.load(Ordering::Relaxed)
         {
             return None;
@@ -428,6 +422,7 @@ impl<K: Kind> Passing<K> {
             field,
             lease,
             extra,
+            passes: passes + 1,
         };
         Some((passing, call))
     }
@@ -435,8 +430,8 @@ impl<K: Kind> Passing<K> {
     /// The lock is the waiter's: registers its hold (with the watchdog, for a watchdog
     /// lease) and hands the guard over. A waiter that left meanwhile gets nothing: the guard
     /// is dropped, which releases the hold at once (or passes it on again).
-    fn hand_over(self, kind: &K, sent_at: Instant, passes: u32) {
-        let registered = self.turn.acquired(1, self.lease, sent_at);
+    fn hand_over(self, kind: &K, sent_at: Instant) {
+        let registered = self.turn.passed(self.lease, sent_at, self.passes);
         drop(self.turn);
         tracing::trace!(lock = %kind.named().name(), owner = %self.field, "passed");
         let guard = Guard::new(
@@ -446,8 +441,7 @@ impl<K: Kind> Passing<K> {
             self.lease,
             sent_at,
             self.extra,
-        )
-        .passed(passes);
+        );
         drop(self.claim.hand(Box::new(guard)));
     }
 

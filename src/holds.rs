@@ -175,6 +175,10 @@ struct State {
     valid_until: Instant,
     /// The current generation was found lost.
     lost: bool,
+    /// How many baton passes in a row led to the current generation (0: its owner took the
+    /// lock itself). Kept with the hold, not with a guard: re-entry adds guards to the same
+    /// hold, and whichever of them is released last must see the run (see [`crate::baton`]).
+    passes: u32,
 }
 
 /// Generations are unique per process, so a guard can never mistake a later hold for its own.
@@ -301,6 +305,7 @@ impl Holds {
                 watchdog_guards: 0,
                 valid_until: Instant::now(),
                 lost: false,
+                passes: 0,
             }),
             turn_free: Notify::new(),
             lost_notify: Notify::new(),
@@ -515,6 +520,23 @@ impl Turn {
     /// Registers one more guard after an acquire sent at `sent_at` whose reply gave the
     /// owner's new `count` (1 for a fresh hold).
     pub(crate) fn acquired(&self, count: i64, lease: Lease, sent_at: Instant) -> Registered {
+        self.register(count, lease, sent_at, 0)
+    }
+
+    /// Registers the guard of a hold a baton pass sent at `sent_at` wrote: the `passes`-th
+    /// pass in a row.
+    pub(crate) fn passed(&self, lease: Lease, sent_at: Instant, passes: u32) -> Registered {
+        self.register(1, lease, sent_at, passes)
+    }
+
+    /// How many baton passes in a row led to the current hold.
+    pub(crate) fn passes(&self) -> u32 {
+        self.entry.state.lock().passes
+    }
+
+    /// [`acquired`](Turn::acquired); a fresh hold was reached through `passes` passes in a
+    /// row, while a re-entry keeps its hold's run.
+    fn register(&self, count: i64, lease: Lease, sent_at: Instant, passes: u32) -> Registered {
         let lease_len = lease.duration(self.holds.watchdog_lease);
         let until = sent_at
             .checked_add(lease_len)
@@ -536,6 +558,7 @@ impl Turn {
                 state.watchdog_guards = 0;
                 state.lost = false;
                 state.valid_until = until;
+                state.passes = passes;
             }
             state.guards += 1;
             state.watchdog_guards += u32::from(lease == Lease::Watchdog);

@@ -4,6 +4,7 @@
 mod support;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -509,4 +510,77 @@ async fn passes_racing_shutdown_leave_nothing_held() {
         leaked.extend(support::still_held(&raw, names).await);
     }
     assert!(leaked.is_empty(), "left held after shutdown: {leaked:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passes_in_a_row_stay_bounded_when_tasks_reenter() {
+    const LIMIT: usize = 4;
+    const TASKS: usize = 4;
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let other = client(&server, LIMIT as u32).await;
+    let client = client(&server, LIMIT as u32).await;
+    let lock = client.lock("baton:reentered");
+    let served = Arc::new(AtomicBool::new(false));
+    // Per hold, in the order of the holds: the unlock messages published before it. A hold
+    // taken after an ordinary release sees one more than the hold before it; a hold passed
+    // to it sees the same number.
+    let published = Arc::new(Mutex::new(Vec::new()));
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|_| {
+            let (lock, raw) = (lock.clone(), raw.clone());
+            let (served, published) = (served.clone(), published.clone());
+            tokio::spawn(async move {
+                let mut rounds = 0;
+                while rounds < 50 || !served.load(Ordering::Relaxed) {
+                    let outer = lock.lock().await.unwrap();
+                    // The same task again: it re-enters, and this second hold goes last.
+                    let inner = lock.lock().await.unwrap();
+                    let messages = calls(&raw, "publish").await;
+                    published.lock().push(messages);
+                    outer.unlock().await.unwrap();
+                    inner.unlock().await.unwrap();
+                    rounds += 1;
+                }
+            })
+        })
+        .collect();
+    assert!(
+        eventually(BOUND, || async { published.lock().len() >= 20 }).await,
+        "the tasks took turns"
+    );
+    // Another client polling without subscribing (a Redisson tryLock(0) loop, or a waiter
+    // subscribed through another node of a cluster): only an ordinary release serves it.
+    let foreign = other.lock("baton:reentered");
+    let foreign_served = tokio::time::timeout(BOUND, async {
+        loop {
+            if let Some(guard) = foreign.try_lock().await.unwrap() {
+                guard.unlock().await.unwrap();
+                break;
+            }
+        }
+    })
+    .await
+    .is_ok();
+    served.store(true, Ordering::Relaxed);
+    for task in tasks {
+        joined(task).await;
+    }
+
+    let published = published.lock().clone();
+    // A run of equal counts: one hold, then the holds passed on from it.
+    let longest = published.chunk_by(|a, b| a == b).map(<[u64]>::len).max();
+    let passes = longest.unwrap() - 1;
+    let ordinary = published.last().unwrap() - published.first().unwrap();
+    assert!(
+        passes <= LIMIT,
+        "{passes} passes in a row with a limit of {LIMIT} ({} holds, {ordinary} ordinary releases)",
+        published.len()
+    );
+    assert!(
+        foreign_served,
+        "another client never got the lock in {BOUND:?}"
+    );
+    client.shutdown().await.unwrap();
+    other.shutdown().await.unwrap();
 }
