@@ -267,8 +267,16 @@ pub(crate) fn wait_for<A: Attempts>(
                 if recheck {
                     generation = waiter.attempts.client().hub.generation();
                     // Passed the lock meanwhile: no attempt of its own (it would re-enter).
+                    // A pass to it still in flight is waited out, but not past the caller's
+                    // deadline: leaving then gets nothing, and the hold the pass wrote is
+                    // released by the releaser (see `crate::baton`).
                     let handed = match &ticket {
-                        Some(ticket) => ticket.start_attempt().await,
+                        Some(ticket) => {
+                            match until(waiter.deadline, ticket.start_attempt()).await {
+                                Some(handed) => handed,
+                                None => break 'wait unreplicated.map_or(Ok(None), |e| Err(*e)),
+                            }
+                        }
                         None => None,
                     };
                     let tried = match handed.and_then(|guard| waiter.attempts.passed(guard)) {
@@ -361,6 +369,15 @@ pub(crate) fn wait_for<A: Attempts>(
 /// Whether the caller's wait is over.
 fn past(deadline: Option<Instant>) -> bool {
     deadline.is_some_and(|d| Instant::now() >= d)
+}
+
+/// `future`'s output, or `None` if `deadline` passes first (an output ready by then is
+/// taken, even past it).
+async fn until<T>(deadline: Option<Instant>, future: impl Future<Output = T>) -> Option<T> {
+    match deadline {
+        Some(deadline) => tokio::time::timeout_at(deadline, future).await.ok(),
+        None => Some(future.await),
+    }
 }
 
 /// Resolves when a releaser handed the waiter the lock; never without a ticket.

@@ -231,7 +231,8 @@ impl Ticket<'_> {
 
     /// The waiter is about to try for the lock itself. Returns the guard if the lock was
     /// passed to it meanwhile (waiting out a pass in flight first: its outcome is one round
-    /// trip away, and the releaser bounds it); `None`: go ahead.
+    /// trip away, and the releaser bounds it — a caller whose deadline comes first drops the
+    /// ticket instead, leaving whatever the pass wrote to the releaser); `None`: go ahead.
     pub(crate) async fn start_attempt(&self) -> Option<Box<dyn Any + Send>> {
         poll_fn(|cx| {
             let mut entries = self.queue.entries.lock();

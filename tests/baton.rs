@@ -584,3 +584,61 @@ async fn passes_in_a_row_stay_bounded_when_tasks_reenter() {
     client.shutdown().await.unwrap();
     other.shutdown().await.unwrap();
 }
+
+/// Pauses every write on the server (scripts included; reads still run) for `ms`.
+async fn pause_writes(raw: &fred::clients::Client, ms: u64) {
+    let pause = vec!["PAUSE".into(), ms.to_string(), "WRITE".into()];
+    command(raw, "CLIENT", pause).await;
+}
+
+/// A client with a 2 s command timeout: a call is awaited 8 s (four of them) before its
+/// outcome counts as unknown.
+async fn client_with_2s_timeout(server: &RedisServer) -> Client {
+    Client::builder()
+        .url(server.url())
+        .command_timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claimed_waiter_leaves_at_its_deadline_and_the_pass_is_released() {
+    const WAIT: Duration = Duration::from_secs(2);
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let client = client_with_2s_timeout(&server).await;
+    let lock = client.lock("baton:deadline");
+    let held = lock.lock().await.unwrap();
+    let waiting = {
+        let lock = lock.clone();
+        tokio::spawn(async move {
+            let start = tokio::time::Instant::now();
+            let got = lock.try_lock_for(WAIT).await;
+            (got, start.elapsed())
+        })
+    };
+    parked(&lock, 1).await;
+    // Until the UNPAUSE below: the pass to the waiter stays in flight past its deadline.
+    pause_writes(&raw, 60_000).await;
+    let release = tokio::spawn(held.unlock());
+    parked(&lock, 0).await;
+
+    let (got, waited) = tokio::time::timeout(BOUND, waiting)
+        .await
+        .expect("the waiter left")
+        .unwrap();
+    assert!(matches!(got, Ok(None)), "{got:?}");
+    assert!(
+        waited < WAIT + Duration::from_secs(3),
+        "left at its {WAIT:?} deadline, not with the pass's outcome: {waited:?}"
+    );
+    command(&raw, "CLIENT", vec!["UNPAUSE".into()]).await;
+    // Its reply came after the command timeout; the round trip finished in the background.
+    drop(release.await.unwrap());
+    assert!(
+        freed_well_before_its_lease(&lock).await,
+        "the hold passed to the waiter that left was released, not left to its lease"
+    );
+    client.shutdown().await.unwrap();
+}
