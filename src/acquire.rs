@@ -604,11 +604,14 @@ pub(crate) async fn undo_acquire(
     }
 }
 
+/// How many command timeouts [`bounded`] awaits a counted call.
+pub(crate) const CALL_BOUND: u32 = 4;
+
 /// Awaits a counted call, for at most as long as a hold it took would matter: past that,
 /// treat the outcome as unknown (a settle queued behind it on the same connection then
 /// learns what it did).
 pub(crate) async fn bounded(call: Call, conn: &Conn) -> std::result::Result<Value, Failed> {
-    let bound = conn.command_timeout() * 4;
+    let bound = conn.command_timeout() * CALL_BOUND;
     match tokio::time::timeout(bound, call).await {
         Ok(outcome) => outcome,
         Err(_) => Err(Failed::MaybeRan(FredError::new(

@@ -642,3 +642,32 @@ async fn a_claimed_waiter_leaves_at_its_deadline_and_the_pass_is_released() {
     );
     client.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_racing_a_stalled_pass_leaves_nothing_held() {
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let client = client_with_2s_timeout(&server).await;
+    let lock = client.lock("baton:stalled-shutdown");
+    let held = lock.lock().await.unwrap();
+    let next = {
+        let lock = lock.clone();
+        tokio::spawn(async move { lock.lock().await })
+    };
+    parked(&lock, 1).await;
+    // Shorter than a call is awaited, so the pass runs and its reply is heard; longer than
+    // the command timeout.
+    pause_writes(&raw, 5_000).await;
+    let release = tokio::spawn(held.unlock());
+    parked(&lock, 0).await;
+
+    client.shutdown().await.unwrap();
+    let left = joined(next).await;
+    assert!(matches!(left, Err(Error::ShutDown)), "{left:?}");
+    drop(release.await.unwrap());
+    assert_eq!(
+        support::still_held(&raw, ["baton:stalled-shutdown".to_owned()]).await,
+        Vec::<String>::new(),
+        "the hold the pass wrote was released, not left to its 30 s lease"
+    );
+}
