@@ -388,7 +388,9 @@ async fn a_writer_may_read_and_keeps_reading_after_its_write_unlock() {
     assert!(write_refused, "writers do not");
     r.unlock().await.unwrap();
     assert!(!exists(&raw, "downgrade").await);
-    // The downgrade published nothing: the first message is the last read unlock's.
+    // The downgrade woke every waiter (readers may enter; Redisson publishes nothing there),
+    // then the last read unlock freed the lock.
+    assert_eq!(next_message(&mut messages).await, "1");
     assert_eq!(next_message(&mut messages).await, "0");
     client.shutdown().await.unwrap();
 }
@@ -510,6 +512,116 @@ async fn a_read_unlock_brings_the_expiry_down_to_the_remaining_readers() {
     assert!(start.elapsed() < Duration::from_secs(4));
     assert!(short.is_lost());
     w.unlock().await.unwrap();
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
+
+/// The hash's fields and expiry, for failure messages.
+async fn describe(raw: &fred::clients::Client, key: &str) -> String {
+    format!(
+        "{:?}, pttl {}",
+        fields(raw, key).await,
+        pttl(raw, key).await
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ended_write_lease_leaves_no_writer_behind() {
+    // Issue 22: the writer also reads (watchdog lease), and its fixed write lease ends. The
+    // read hold keeps the hash — writer field included — alive. Once every guard is released,
+    // another client must get in at once, not after the read hold's 30 s expiry.
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let a = client(&server).await;
+    let b = client(&server).await;
+    let rw = a.read_write_lock("ended-w");
+    let w = rw
+        .write()
+        .lock_with_lease(Duration::from_millis(300))
+        .await
+        .unwrap();
+    let r = rw.read().lock().await.unwrap();
+    let writer_field = format!("{}:write", w.owner());
+    assert!(eventually(Duration::from_secs(5), || async { w.is_lost() }).await);
+    assert!(
+        fields(&raw, "ended-w").await.contains_key(&writer_field),
+        "the read hold keeps the ended write hold's field alive: {}",
+        describe(&raw, "ended-w").await
+    );
+    assert!(matches!(w.unlock().await, Err(Error::NotHeld { .. })));
+    r.unlock().await.unwrap();
+
+    let start = Instant::now();
+    let got = b
+        .read_write_lock("ended-w")
+        .write()
+        .try_lock_for(Duration::from_secs(10))
+        .await
+        .unwrap();
+    let Some(got) = got else {
+        panic!(
+            "another client's writer is still kept out after every guard was released: {}",
+            describe(&raw, "ended-w").await
+        );
+    };
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+    got.unlock().await.unwrap();
+    assert!(!exists(&raw, "ended-w").await);
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ended_write_lease_downgrades_to_its_owners_reads_and_wakes_readers() {
+    // As above, but the read hold stays: the ended write hold's unlock leaves the lock in read
+    // mode, held by the read hold alone, and a reader of another client waiting meanwhile is
+    // woken and gets in.
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let a = client(&server).await;
+    let b = client(&server).await;
+    let rw = a.read_write_lock("ended-wr");
+    let w = rw
+        .write()
+        .lock_with_lease(Duration::from_millis(300))
+        .await
+        .unwrap();
+    let r = rw.read().lock().await.unwrap();
+    let owner = r.owner().to_string();
+    let reader = {
+        let rw = b.read_write_lock("ended-wr");
+        tokio::spawn(async move {
+            let got = rw.read().try_lock_for(Duration::from_secs(20)).await;
+            (got, Instant::now())
+        })
+    };
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            numsub(&raw, "redisson_rwlock:{ended-wr}").await == 1
+        })
+        .await
+    );
+    assert!(eventually(Duration::from_secs(5), || async { w.is_lost() }).await);
+    let released = Instant::now();
+    assert!(matches!(w.unlock().await, Err(Error::NotHeld { .. })));
+    let (got, at) = tokio::time::timeout(Duration::from_secs(10), reader)
+        .await
+        .unwrap_or_else(|_| panic!("the waiting reader is still kept out by the ended write hold"))
+        .unwrap();
+    let got = got.unwrap().expect("the reader got in");
+    let delay = at.saturating_duration_since(released);
+    assert!(delay < Duration::from_secs(5), "{delay:?}");
+    let hash = fields(&raw, "ended-wr").await;
+    assert_eq!(hash["mode"], "read", "{hash:?}");
+    assert!(!hash.contains_key(&format!("{owner}:write")), "{hash:?}");
+    assert_eq!(hash[&owner], "1", "the owner's read hold is untouched");
+    got.unlock().await.unwrap();
+    r.unlock().await.unwrap();
+    assert!(!exists(&raw, "ended-wr").await);
     a.shutdown().await.unwrap();
     b.shutdown().await.unwrap();
 }
