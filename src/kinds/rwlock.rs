@@ -16,8 +16,11 @@
 //! `redisson_rwlock:{name}`: a write unlock publishes `1` (every waiter retries: all readers may
 //! get in), the read unlock that frees the lock publishes `0` (one waiter per process retries).
 //! This is Redisson's layout, key for key and message for message, so Java services using
-//! Redisson and Rust services using redbaton share read/write locks by name. One message is
-//! added, harmless to Redisson's waiters: a downgrade publishes `1` too (readers may get in).
+//! Redisson and Rust services using redbaton share read/write locks by name. Two messages are
+//! added, both harmless to Redisson's waiters: a downgrade publishes `1` too (readers may get
+//! in), and a read unlock that brings the hash's expiry down publishes it negated, `-<ms>`
+//! (Redisson ignores every number but `0` and `1`), so waiters parked until the old expiry
+//! retry when the remaining lease really ends instead.
 
 use std::sync::Arc;
 
@@ -94,6 +97,8 @@ const WRITE_SUFFIX: &str = ":write";
 ///   share the hash's expiry, so a hold whose lease ended can still be in the hash (a writer's
 ///   own read hold keeps its write field alive): releasing its guard (`unlock`, or dropping
 ///   it) then removes what is left of it, and only that, and wakes the waiters it let in.
+///   When a read unlock brings the expiry down to a shorter lease that remains, waiters learn
+///   the new expiry and retry when it comes, not at the one they read before.
 ///
 /// A [`Lock`](crate::Lock) on the same name is a different Redis layout: it is never written
 /// to by this lock's scripts (it counts as held), but do not mix the two on one name.
