@@ -572,12 +572,12 @@ async fn attempt<K: Kind>(
     }
 }
 
-/// Logs a settle's outcome; a count below what the client's guards rely on means their hold
+/// Logs a trim's outcome; a count below what the client's guards rely on means their hold
 /// is gone.
-fn settled(turn: &Turn, keep: u32, reply: &Value) {
+fn settled(turn: &Turn, keep: u32, reply: &Value, why: Trim) {
     let entry = turn.entry();
     let remaining = reply.as_i64().unwrap_or(-1);
-    tracing::info!(key = %entry.key, owner = %entry.field, keep, remaining, "settled a call of unknown outcome");
+    tracing::info!(key = %entry.key, owner = %entry.field, keep, remaining, why = why.why(), "trimmed the owner's count to its guards");
     if keep > 0 && remaining < i64::from(keep) {
         turn.lose(Loss::CountFell);
     }
@@ -624,15 +624,47 @@ pub(crate) async fn bounded(call: Call, conn: &Conn) -> std::result::Result<Valu
 /// How long a settle keeps trying before the lease is left to end it.
 const SETTLE_RETRY: Duration = Duration::from_millis(200);
 
+/// Why an owner's count is trimmed.
+#[derive(Clone, Copy)]
+enum Trim {
+    /// A counted call's outcome is unknown.
+    Unknown,
+    /// A lost hold is released while other holds keep its key alive.
+    Lost,
+}
+
+impl Trim {
+    fn why(self) -> &'static str {
+        match self {
+            Trim::Unknown => "a counted call's outcome is unknown",
+            Trim::Lost => "a lost hold's key outlived its lease",
+        }
+    }
+}
+
 /// Settles an owner whose count may have been changed by a call of unknown outcome: trims
 /// its count in Redis back to the holds this client accounts for, under the turn (so no
 /// other call of the client is in flight to be trimmed by mistake). Only for owners whose
 /// field only this client writes; another client sharing an explicit owner could be holding
 /// counts this client does not know about.
 pub(crate) fn settle(conn: Arc<Conn>, turn: Turn) {
+    trim(conn, turn, Trim::Unknown);
+}
+
+/// Removes what is left in Redis of a lost hold (its lease ended by the local clock, say)
+/// whose key other holds keep alive ([`HoldOps::shares_expiry`]): the same trim as a
+/// settle's, so the holds this client still accounts for on that owner — taken anew after
+/// the loss — stay, and only the lost ones go, however many guards shared them.
+pub(crate) fn trim_lost(conn: Arc<Conn>, turn: Turn) {
+    trim(conn, turn, Trim::Lost);
+}
+
+/// Trims the owner's count back to the holds this client accounts for, under `turn`, in the
+/// background (see [`settle`]).
+fn trim(conn: Arc<Conn>, turn: Turn, why: Trim) {
     let entry = turn.entry().clone();
     if !entry.is_own() {
-        tracing::warn!(key = %entry.key, owner = %entry.field, "a counted call's outcome is unknown and the owner is shared with another client; if it ran, its hold ends with its lease");
+        tracing::warn!(key = %entry.key, owner = %entry.field, why = why.why(), "the owner is shared with another client, so its count is not trimmed: a hold left behind ends with its lease");
         return;
     }
     let runtime = conn.runtime().clone();
@@ -643,7 +675,7 @@ pub(crate) fn settle(conn: Arc<Conn>, turn: Turn) {
             let trim = entry.ops.release(&conn, &entry.field, u32::MAX, keep);
             match bounded(trim, &conn).await {
                 Ok(reply) => {
-                    settled(&turn, keep, &reply);
+                    settled(&turn, keep, &reply, why);
                     break;
                 }
                 // Idempotent: sent again until replicas acknowledge it (a WAIT covers every
@@ -651,16 +683,16 @@ pub(crate) fn settle(conn: Arc<Conn>, turn: Turn) {
                 Err(Failed::Unreplicated { reply, .. })
                     if Instant::now() >= give_up_at || conn.is_closed() =>
                 {
-                    settled(&turn, keep, &reply);
-                    tracing::warn!(key = %entry.key, "settled, but no replica acknowledged it");
+                    settled(&turn, keep, &reply, why);
+                    tracing::warn!(key = %entry.key, "trimmed, but no replica acknowledged it");
                     break;
                 }
                 Err(e) if Instant::now() < give_up_at && !conn.is_closed() => {
-                    tracing::debug!(key = %entry.key, error = %e, "settle failed; retrying");
+                    tracing::debug!(key = %entry.key, error = %e, "trim failed; retrying");
                     tokio::time::sleep(SETTLE_RETRY).await;
                 }
                 Err(e) => {
-                    tracing::warn!(key = %entry.key, owner = %entry.field, error = %e, "could not settle a call of unknown outcome; a hold it took ends with its lease");
+                    tracing::warn!(key = %entry.key, owner = %entry.field, error = %e, why = why.why(), "could not trim the owner's count; a hold left behind ends with its lease");
                     break;
                 }
             }

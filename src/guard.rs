@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use crate::acquire::{bounded, settle, undo_acquire, Finish};
+use crate::acquire::{bounded, settle, trim_lost, undo_acquire, Finish};
 use crate::baton::Claim;
 use crate::conn::{Conn, Failed};
 use crate::holds::{Entry, HoldOps, Lease, Loss, Registered, Turn};
@@ -91,7 +91,10 @@ impl<K: Kind> Guard<K> {
     /// Releases this hold. With reentry, the lock stays held until every hold is released.
     ///
     /// Returns [`Error::NotHeld`] when the lock was lost meanwhile (expired, force-unlocked,
-    /// renewal failed): then nothing is sent, since the same owner may hold the lock anew.
+    /// renewal failed): then no release is sent, since the same owner may hold the lock anew.
+    /// (A read/write lock's hold can outlive its lease in Redis, kept alive by other holds on
+    /// its hash: what is left of the lost hold is then removed in the background, and only
+    /// that — the holds its owner took anew stay.)
     ///
     /// If Redis does not confirm the release within the command timeout, or the connection
     /// fails, the error is returned, and the release goes on in the background: it is retried
@@ -268,10 +271,15 @@ async fn release<K: Kind>(kind: K, hold: Hold) -> Result<()> {
         return Err(Error::Timeout(conn.command_timeout()));
     };
     // Forgotten first, so no renewal can outlive the release. A lost hold must not run the
-    // script: the same owner may have taken the lock again, and it would release that.
+    // script: the same owner may have taken the lock again, and it would release that. Where
+    // other holds keep the key alive past this hold's lease, what is left of the lost hold is
+    // trimmed instead (the holds taken anew stay), or it would lock others out.
     let Some(guards_left) = turn.forget_guard(hold.generation, hold.lease) else {
         if conn.is_closed() {
             return Err(Error::ShutDown);
+        }
+        if ops.shares_expiry() {
+            trim_lost(conn.clone(), turn);
         }
         return Err(Error::NotHeld {
             name: named.name().to_owned(),

@@ -70,6 +70,13 @@ pub trait HoldOps: Send + Sync + 'static {
     fn release(&self, conn: &Conn, field: &str, max: u32, keep: u32) -> Call;
     /// How the watchdog renews this kind's holds.
     fn renewal(&self) -> Renewal;
+    /// Whether a hold's key can outlive the hold's lease because other holds share the key's
+    /// expiry (a read/write lock: readers and the writer on one hash). The release of such a
+    /// hold, once lost, then removes what is left of it (see [`crate::acquire::trim_lost`]);
+    /// elsewhere the key ends with the lease, and a lost hold sends nothing.
+    fn shares_expiry(&self) -> bool {
+        false
+    }
 }
 
 /// Why a hold was lost: logged, and counted by cause in metrics.

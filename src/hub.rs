@@ -24,6 +24,7 @@
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use dashmap::DashMap;
 use fred::clients::SubscriberClient;
@@ -32,6 +33,7 @@ use fred::types::{ClusterHash, CustomCommand, Value};
 use parking_lot::Mutex;
 use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::{mpsc, Notify};
+use tokio::time::Instant;
 
 use crate::baton::{Claim, Queue};
 use crate::config::PubSubMode;
@@ -40,7 +42,10 @@ use crate::config::PubSubMode;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Wake {
     /// A lock channel: `0` (unlock) wakes one waiter of each group, `1` (a read/write lock's
-    /// write-unlock) wakes all of them.
+    /// write-unlock) wakes all of them, and `-<ms>` (a read/write lock's read unlock that
+    /// brought the lock's expiry down to `ms` milliseconds) wakes all of them once `ms` have
+    /// passed: they parked until the later expiry they had read, and the lock may be free
+    /// from then on. Redisson's waiters ignore that last one (every number but 0 and 1).
     Lock,
     /// A semaphore channel: the message is a number of permits, and wakes that many waiters
     /// of each group.
@@ -76,6 +81,11 @@ pub(crate) struct Group {
     pending: AtomicUsize,
     /// The batons of its waiters that can be passed the lock (see [`crate::baton`]).
     batons: Arc<Queue>,
+    /// [`Wake::Lock`]: when the lock's lease ends, as the last `-<ms>` message said, while a
+    /// timer task waits to wake the waiters then (`None`: no news, no timer).
+    lease_end: Mutex<Option<Instant>>,
+    /// Tells that timer the end moved or was dropped.
+    lease_moved: Notify,
 }
 
 impl Group {
@@ -98,6 +108,35 @@ impl Group {
                 }
                 notified.await;
             }
+        }
+    }
+
+    /// Wakes every waiter: the parked ones, and one still busy with its attempt.
+    fn wake_all(&self) {
+        self.notify.notify_waiters();
+        self.notify.notify_one();
+    }
+
+    /// The lock's lease now ends `ms` from now: every waiter is woken then, by a timer task
+    /// (one per group, following later news). Waiters are not woken now: the lock is still
+    /// held, and a re-check would only read the new expiry, one round trip each.
+    fn lease_ends_in(self: &Arc<Self>, ms: u64) {
+        let Some(end) = Instant::now().checked_add(Duration::from_millis(ms)) else {
+            return;
+        };
+        let timer_idle = self.lease_end.lock().replace(end).is_none();
+        if timer_idle {
+            tokio::spawn(wake_at_lease_end(self.clone()));
+        } else {
+            self.lease_moved.notify_one();
+        }
+    }
+
+    /// Drops the news of the lease's end (the lock was released and waiters woken, or none is
+    /// left): its timer stops.
+    fn forget_lease_end(&self) {
+        if self.lease_end.lock().take().is_some() {
+            self.lease_moved.notify_one();
         }
     }
 
@@ -180,14 +219,24 @@ impl Channel {
         match (self.wake, &*text) {
             (Wake::Lock, "0") => {
                 tracing::trace!(channel = %self.name, "unlock message: waking one waiter");
-                groups.iter().for_each(|g| g.notify.notify_one());
+                groups.iter().for_each(|g| {
+                    g.forget_lease_end();
+                    g.notify.notify_one();
+                });
             }
             (Wake::Lock, "1") => {
                 tracing::trace!(channel = %self.name, "write-unlock message: waking all waiters");
                 groups.iter().for_each(|g| {
-                    g.notify.notify_waiters();
-                    g.notify.notify_one();
+                    g.forget_lease_end();
+                    g.wake_all();
                 });
+            }
+            (Wake::Lock, news) => {
+                let Some(ms) = news.strip_prefix('-').and_then(|ms| ms.parse::<u64>().ok()) else {
+                    return;
+                };
+                tracing::trace!(channel = %self.name, ms, "the lock's expiry came closer: waking all waiters then");
+                groups.iter().for_each(|g| g.lease_ends_in(ms));
             }
             (Wake::Permits, n) => {
                 let Ok(permits) = n.parse::<u64>() else {
@@ -196,7 +245,6 @@ impl Channel {
                 tracing::trace!(channel = %self.name, permits, "permits released: waking as many waiters");
                 groups.iter().for_each(|g| g.add_pending(permits));
             }
-            _ => {}
         }
     }
 }
@@ -266,6 +314,7 @@ impl Drop for Subscription {
             let left = self.group.waiters.fetch_sub(1, Ordering::Relaxed) - 1;
             if left == 0 {
                 groups.retain(|g| !Arc::ptr_eq(g, &self.group));
+                self.group.forget_lease_end();
             }
             // Wake-ups beyond the waiters left would only cause spurious re-checks.
             let _ = self
@@ -360,6 +409,8 @@ impl Hub {
                         notify: Notify::new(),
                         pending: AtomicUsize::new(0),
                         batons: Arc::default(),
+                        lease_end: Mutex::new(None),
+                        lease_moved: Notify::new(),
                     });
                     groups.push(group.clone());
                     group
@@ -534,6 +585,30 @@ async fn follow_shards(hub: std::sync::Weak<Hub>) {
     }
 }
 
+/// Wakes `group`'s waiters when the lock's lease ends by the latest news; stops when the news
+/// is dropped.
+async fn wake_at_lease_end(group: Arc<Group>) {
+    loop {
+        // Made before the end is read: news that comes after is not missed.
+        let moved = group.lease_moved.notified();
+        let Some(end) = *group.lease_end.lock() else {
+            return;
+        };
+        tokio::select! {
+            _ = tokio::time::sleep_until(end) => {}
+            _ = moved => continue,
+        }
+        let mut lease_end = group.lease_end.lock();
+        if *lease_end == Some(end) {
+            *lease_end = None;
+            drop(lease_end);
+            tracing::trace!(key = %group.key, "the lock's lease ended: waking all waiters");
+            group.wake_all();
+            return;
+        }
+    }
+}
+
 /// How often the hub re-reads a cluster's slot map while shard channels are subscribed.
 const SHARD_SCAN: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -687,21 +762,25 @@ async fn resubscribe(hub: &Hub) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
 
     fn permits_channel(waiters: usize) -> (Channel, Arc<Group>) {
+        test_channel(Wake::Permits, waiters)
+    }
+
+    fn test_channel(wake: Wake, waiters: usize) -> (Channel, Arc<Group>) {
         let group = Arc::new(Group {
             key: "sem".into(),
             waiters: AtomicUsize::new(waiters),
             notify: Notify::new(),
             pending: AtomicUsize::new(0),
             batons: Arc::default(),
+            lease_end: Mutex::new(None),
+            lease_moved: Notify::new(),
         });
         let channel = Channel {
             name: "redisson_sc:{sem}".into(),
-            wake: Wake::Permits,
+            wake,
             confirmed: AtomicBool::new(true),
             confirm: Notify::new(),
             refused: Mutex::new(None),
@@ -775,5 +854,66 @@ mod tests {
                 .unwrap();
         }
         assert!(group.pending.load(Ordering::Relaxed) <= 5);
+    }
+
+    /// Waiters of a lock channel, each counting its wake-ups and parking again.
+    fn lock_waiters(group: &Arc<Group>, n: usize) -> Arc<AtomicUsize> {
+        let woken = Arc::new(AtomicUsize::new(0));
+        for _ in 0..n {
+            let (group, woken) = (group.clone(), woken.clone());
+            tokio::spawn(async move {
+                loop {
+                    group.wait(Wake::Lock).await;
+                    woken.fetch_add(1, Ordering::SeqCst);
+                }
+            });
+        }
+        woken
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_closer_expiry_wakes_every_lock_waiter_when_it_comes() {
+        let (channel, group) = test_channel(Wake::Lock, 3);
+        let woken = lock_waiters(&group, 3);
+        tokio::task::yield_now().await;
+        channel.deliver(&Value::from("-1000"));
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        assert_eq!(woken.load(Ordering::SeqCst), 0, "not before the lease ends");
+        // Later news wins, here a later end (a reader came in meanwhile, then left).
+        channel.deliver(&Value::from("-500"));
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert_eq!(woken.load(Ordering::SeqCst), 0, "the end moved to 1.4 s");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        // All three, plus the wake-up kept for a waiter still busy with its attempt.
+        assert_eq!(
+            woken.load(Ordering::SeqCst),
+            4,
+            "every waiter, once the lease ended"
+        );
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(woken.load(Ordering::SeqCst), 4, "once");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_release_drops_the_news_of_the_expiry() {
+        let (channel, group) = test_channel(Wake::Lock, 2);
+        let woken = lock_waiters(&group, 2);
+        tokio::task::yield_now().await;
+        channel.deliver(&Value::from("-1000"));
+        channel.deliver(&Value::from("0"));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(woken.load(Ordering::SeqCst), 1, "the unlock woke one");
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(
+            woken.load(Ordering::SeqCst),
+            1,
+            "no wake-up at the end of a lease that was released"
+        );
+        // Messages that are neither 0, 1 nor a negative number wake nobody, now or later.
+        for message in ["2", "-x", "-", "x"] {
+            channel.deliver(&Value::from(message));
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(woken.load(Ordering::SeqCst), 1);
     }
 }
