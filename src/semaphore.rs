@@ -57,7 +57,10 @@ pub const MAX_RECHECK_INTERVAL: Duration = Duration::from_secs(3600);
 /// A waiter that finds too few permits subscribes to the semaphore's channel through the
 /// client's shared subscriber, looks once more, and parks. Every release publishes the new
 /// number of free permits; a message `n` wakes up to `n` of the waiters of each process
-/// (not one, not all), which each try again; there is no queue and no fairness, so a large
+/// (not one, not all), which each try again. A woken waiter that asks for more permits than
+/// are free passes its wake-up on to the waiters of its process that have not looked since
+/// the message, so the permits reach a smaller request parked behind a larger one; each
+/// waiter looks at most once per message. There is no queue and no fairness, so a large
 /// request can starve behind small ones. Unlike Redisson's `acquire()`, which waits on
 /// pub/sub alone and hangs when a message is lost, a parked waiter also looks again by
 /// itself every [`DEFAULT_RECHECK_INTERVAL`] (5 s; see
@@ -462,6 +465,7 @@ async fn take(inner: Arc<Inner>, permits: u32, recheck_ms: u64) -> Result<Try<Ta
             kept: false,
         })),
         Some(0) => Ok(Try::Busy(recheck_ms)),
+        Some(-1) => Ok(Try::TooFew(recheck_ms)),
         _ => Err(Error::Redis(format!(
             "unexpected acquire reply for {:?}",
             named.name()
