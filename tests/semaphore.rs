@@ -528,6 +528,50 @@ async fn bad_input_is_refused_with_typed_errors() {
 }
 
 #[tokio::test]
+async fn a_count_a_redisson_peer_could_not_read_is_refused() {
+    // Redisson reads the counter as a Java int: no call may take it out of that range.
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let client = client(&server.url()).await;
+    let sem = client.semaphore("range");
+    let (_subscriber, mut messages) = subscribe(&server.url(), "redisson_sc:{range}").await;
+    let max = i64::from(MAX_PERMITS);
+    let refused = |r: Result<(), Error>| {
+        matches!(&r, Err(Error::InvalidArgument(m)) if m.contains("2147483647")) || {
+            eprintln!("not refused: {r:?}");
+            false
+        }
+    };
+    sem.add_permits(max).await.unwrap();
+    assert!(refused(sem.add_permits(max).await), "add past the top");
+    assert!(refused(sem.add_permits(1).await), "add past the top");
+    assert!(refused(sem.release(1).await), "release past the top");
+    assert_eq!(
+        get(&raw, "range").await.as_deref(),
+        Some("2147483647"),
+        "unchanged"
+    );
+
+    // Down to Java's smallest int, and no further.
+    sem.add_permits(-max).await.unwrap();
+    sem.add_permits(-max).await.unwrap();
+    sem.add_permits(-1).await.unwrap();
+    assert_eq!(sem.available_permits().await.unwrap(), i64::from(i32::MIN));
+    assert!(refused(sem.add_permits(-1).await), "add past the bottom");
+    assert_eq!(
+        get(&raw, "range").await.as_deref(),
+        Some("-2147483648"),
+        "unchanged"
+    );
+    sem.release(MAX_PERMITS).await.unwrap();
+    assert_eq!(sem.available_permits().await.unwrap(), -1);
+    // Only the first add announced a positive count; the refused calls announced nothing.
+    let seen = drain(&mut messages, Duration::from_millis(500)).await;
+    assert_eq!(seen, ["2147483647"]);
+    client.shutdown().await.unwrap();
+}
+
+#[tokio::test]
 async fn a_key_of_another_type_is_refused_and_left_alone() {
     let server = RedisServer::start();
     let raw = server.raw().await;
