@@ -49,6 +49,9 @@ pub(crate) enum Try<T> {
     Got(T),
     /// Refused; the holder's lease has this many milliseconds left (the park's bound).
     Busy(u64),
+    /// Refused, as [`Busy`](Try::Busy), though permits are free: fewer than this waiter asks
+    /// for, but a smaller request could take them.
+    TooFew(u64),
 }
 
 /// One waiter's attempts, as the wait loop drives them.
@@ -216,7 +219,7 @@ pub(crate) fn wait_for<A: Attempts>(
                         waiter.disarm();
                         break 'wait Ok(Some(output));
                     }
-                    Ok(Try::Busy(pttl)) => pttl,
+                    Ok(Try::Busy(pttl) | Try::TooFew(pttl)) => pttl,
                     Err(e @ Error::NotReplicated { .. }) if !past(waiter.deadline) => {
                         tracing::debug!(lock = %waiter.attempts.name(), error = %e, "not replicated; retrying");
                         unreplicated = Some(Box::new(e));
@@ -260,12 +263,16 @@ pub(crate) fn wait_for<A: Attempts>(
             tracing::trace!(lock = %waiter.attempts.name(), pttl = held_for, "waiting");
 
             let mut recheck = !skip_recheck;
+            // The group's message count when this waiter last looked: any wake-up is news to
+            // it until it has looked once.
+            let mut seen = subscription.messages().wrapping_sub(1);
             let mut woken = false;
             let mut passed = false;
             let mut failing_since: Option<Instant> = None;
             loop {
                 if recheck {
                     generation = waiter.attempts.client().hub.generation();
+                    seen = subscription.messages();
                     // Passed the lock meanwhile: no attempt of its own (it would re-enter).
                     // A pass to it still in flight is waited out, but not past the caller's
                     // deadline: leaving then gets nothing, and the hold the pass wrote is
@@ -286,6 +293,10 @@ pub(crate) fn wait_for<A: Attempts>(
                     if woken || passed {
                         recording.woken(matches!(tried, Ok(Try::Got(_))));
                     }
+                    if woken && matches!(tried, Ok(Try::TooFew(_))) {
+                        // Woken for permits too few for it: a smaller request may use them.
+                        subscription.pass_on();
+                    }
                     match tried {
                         Ok(Try::Got(output)) => {
                             if woken {
@@ -294,7 +305,7 @@ pub(crate) fn wait_for<A: Attempts>(
                             waiter.disarm();
                             break 'wait Ok(Some(output));
                         }
-                        Ok(Try::Busy(pttl)) => {
+                        Ok(Try::Busy(pttl) | Try::TooFew(pttl)) => {
                             held_for = pttl;
                             failing_since = None;
                             unreplicated = None;
@@ -348,7 +359,7 @@ pub(crate) fn wait_for<A: Attempts>(
                 tokio::select! {
                     biased;
                     _ = baton_acted(&ticket) => passed = true,
-                    _ = subscription.notified() => woken = true,
+                    _ = subscription.notified(seen) => woken = true,
                     _ = hub.regenerated(generation) => {}
                     _ = tokio::time::sleep(bound) => {}
                 }

@@ -22,7 +22,7 @@
 //! may have been lost: the hub then bumps its *generation* and every waiter re-checks.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -48,7 +48,8 @@ pub enum Wake {
     /// from then on. Redisson's waiters ignore that last one (every number but 0 and 1).
     Lock,
     /// A semaphore channel: the message is a number of permits, and wakes that many waiters
-    /// of each group.
+    /// of each group. A woken waiter that cannot use the permits (it asks for more) passes
+    /// its wake-up on to the waiters that have not looked since the message.
     Permits,
 }
 
@@ -79,6 +80,11 @@ pub(crate) struct Group {
     /// yet (still busy with its attempt when the message came), so `n` wake-ups would
     /// collapse into one; they are counted here instead.
     pending: AtomicUsize,
+    /// [`Wake::Permits`]: the messages delivered so far (wrapping). A waiter notes it before
+    /// each look and takes no wake-up until it moves: what it saw is no news to it. So a
+    /// wake-up passed on by a waiter that could not use it goes to one that has not looked,
+    /// never back and forth between two that cannot use it.
+    messages: AtomicU32,
     /// The batons of its waiters that can be passed the lock (see [`crate::baton`]).
     batons: Arc<Queue>,
     /// [`Wake::Lock`]: when the lock's lease ends, as the last `-<ms>` message said, while a
@@ -89,12 +95,13 @@ pub(crate) struct Group {
 }
 
 impl Group {
-    /// Parks until a message wakes this waiter.
+    /// Parks until a message wakes this waiter; `seen` is [`Group::messages`] as the waiter
+    /// noted it before it last looked ([`Wake::Permits`] only).
     ///
     /// Not an `async fn`: a parked waiter keeps this future, and as an `async fn` it would
     /// keep its arguments twice (as passed, and as bound), 8 bytes more.
     #[allow(clippy::manual_async_fn)]
-    fn wait(&self, wake: Wake) -> impl Future<Output = ()> + Send + '_ {
+    fn wait(&self, wake: Wake, seen: u32) -> impl Future<Output = ()> + Send + '_ {
         async move {
             if wake == Wake::Lock {
                 return self.notify.notified().await;
@@ -103,7 +110,7 @@ impl Group {
                 let mut notified = std::pin::pin!(self.notify.notified());
                 // Registered before the check: a wake-up counted after it notifies this one.
                 notified.as_mut().enable();
-                if self.take_pending() {
+                if self.messages.load(Ordering::Acquire) != seen && self.take_pending() {
                     return;
                 }
                 notified.await;
@@ -147,19 +154,41 @@ impl Group {
             .is_ok()
     }
 
-    /// Adds up to `n` wake-ups (capped at one per registered waiter) and notifies as many
-    /// waiters.
-    fn add_pending(&self, n: u64) {
+    /// Adds up to `n` wake-ups, capped at one per registered waiter; returns how many are
+    /// pending now.
+    fn add_pending(&self, n: u64) -> usize {
         let waiters = self.waiters.load(Ordering::Relaxed);
-        let mut added = 0;
+        let mut now = 0;
         let _ = self
             .pending
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |p| {
                 let room = waiters.max(1).saturating_sub(p) as u64;
-                added = n.min(room) as usize;
-                Some(p + added)
+                now = p + n.min(room) as usize;
+                Some(now)
             });
-        for _ in 0..added {
+        now
+    }
+
+    /// Hands a wake-up on to the next waiter that may use it.
+    fn pass_on(&self, wake: Wake) {
+        match wake {
+            Wake::Lock => self.notify.notify_one(),
+            Wake::Permits => {
+                self.add_pending(1);
+                // Every parked waiter, not the first in line: that one may have looked since
+                // the message, and would leave the wake-up to the others without telling
+                // them. Those that looked go back to sleep without a round trip.
+                self.notify.notify_waiters();
+            }
+        }
+    }
+
+    /// A message: `permits` wake-ups for the waiters, all of whom it is news to.
+    fn permits_released(&self, permits: u64) {
+        self.messages.fetch_add(1, Ordering::AcqRel);
+        let pending = self.add_pending(permits);
+        // Wake-ups left by earlier messages count too: every waiter may take one now.
+        for _ in 0..permits.min(pending as u64) {
             self.notify.notify_one();
         }
     }
@@ -242,8 +271,11 @@ impl Channel {
                 let Ok(permits) = n.parse::<u64>() else {
                     return;
                 };
+                if permits == 0 {
+                    return;
+                }
                 tracing::trace!(channel = %self.name, permits, "permits released: waking as many waiters");
-                groups.iter().for_each(|g| g.add_pending(permits));
+                groups.iter().for_each(|g| g.permits_released(permits));
             }
         }
     }
@@ -287,9 +319,16 @@ impl Subscription {
         &self.channel
     }
 
-    /// Parks until a message for this waiter's key wakes it.
-    pub(crate) fn notified(&self) -> impl Future<Output = ()> + Send + '_ {
-        self.group.wait(self.channel.wake)
+    /// Parks until a message for this waiter's key wakes it; `seen` is what
+    /// [`messages`](Self::messages) said before the waiter last looked.
+    pub(crate) fn notified(&self, seen: u32) -> impl Future<Output = ()> + Send + '_ {
+        self.group.wait(self.channel.wake, seen)
+    }
+
+    /// The messages this waiter's group has had so far (wrapping): noted before each look, so
+    /// that on a [`Wake::Permits`] channel the waiter takes no wake-up about what it saw.
+    pub(crate) fn messages(&self) -> u32 {
+        self.group.messages.load(Ordering::Acquire)
     }
 
     /// The baton queue of this waiter's key.
@@ -300,10 +339,7 @@ impl Subscription {
     /// Hands a wake-up this waiter received but will not use to the next waiter.
     pub(crate) fn pass_on(&self) {
         tracing::trace!(channel = %self.channel.name, "passing a wake-up on");
-        match self.channel.wake {
-            Wake::Lock => self.group.notify.notify_one(),
-            Wake::Permits => self.group.add_pending(1),
-        }
+        self.group.pass_on(self.channel.wake);
     }
 }
 
@@ -408,6 +444,7 @@ impl Hub {
                         waiters: AtomicUsize::new(0),
                         notify: Notify::new(),
                         pending: AtomicUsize::new(0),
+                        messages: AtomicU32::new(0),
                         batons: Arc::default(),
                         lease_end: Mutex::new(None),
                         lease_moved: Notify::new(),
@@ -774,6 +811,7 @@ mod tests {
             waiters: AtomicUsize::new(waiters),
             notify: Notify::new(),
             pending: AtomicUsize::new(0),
+            messages: AtomicU32::new(0),
             batons: Arc::default(),
             lease_end: Mutex::new(None),
             lease_moved: Notify::new(),
@@ -789,8 +827,15 @@ mod tests {
         (channel, group)
     }
 
+    /// What a waiter that has not looked since it registered passes as `seen`.
+    const NEVER_LOOKED: u32 = u32::MAX;
+
     async fn woken(group: &Group, within: Duration) -> bool {
-        tokio::time::timeout(within, group.wait(Wake::Permits))
+        woken_after(group, NEVER_LOOKED, within).await
+    }
+
+    async fn woken_after(group: &Group, seen: u32, within: Duration) -> bool {
+        tokio::time::timeout(within, group.wait(Wake::Permits, seen))
             .await
             .is_ok()
     }
@@ -820,7 +865,7 @@ mod tests {
         for i in 0..5 {
             let (group, tx) = (group.clone(), tx.clone());
             tokio::spawn(async move {
-                group.wait(Wake::Permits).await;
+                group.wait(Wake::Permits, NEVER_LOOKED).await;
                 let _ = tx.send(i);
             });
         }
@@ -863,7 +908,7 @@ mod tests {
             let (group, woken) = (group.clone(), woken.clone());
             tokio::spawn(async move {
                 loop {
-                    group.wait(Wake::Lock).await;
+                    group.wait(Wake::Lock, NEVER_LOOKED).await;
                     woken.fetch_add(1, Ordering::SeqCst);
                 }
             });
@@ -915,5 +960,39 @@ mod tests {
         }
         tokio::time::sleep(Duration::from_secs(5)).await;
         assert_eq!(woken.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_wake_up_passed_on_reaches_a_waiter_that_has_not_looked_and_then_stops() {
+        // a parks, then b; "1" wakes a (first in line). a looks, cannot use the permit and
+        // passes the wake-up on: b, who has not looked, must get it, and a must not take it
+        // back. Once b has looked and passed it on too, nobody is woken: no ping-pong.
+        let (channel, group) = permits_channel(2);
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        for name in ["a", "b"] {
+            let (group, tx) = (group.clone(), tx.clone());
+            tokio::spawn(async move {
+                group.wait(Wake::Permits, NEVER_LOOKED).await;
+                let _ = tx.send(name);
+            });
+            tokio::task::yield_now().await;
+        }
+        channel.deliver(&Value::from("1"));
+        let first = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await;
+        assert_eq!(first.expect("woken").unwrap(), "a");
+        let looked = group.messages.load(Ordering::Acquire);
+        group.pass_on(Wake::Permits);
+        assert!(
+            !woken_after(&group, looked, Duration::from_millis(100)).await,
+            "a took back the wake-up it passed on"
+        );
+        let second = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await;
+        assert_eq!(second.expect("b got the wake-up").unwrap(), "b");
+        group.pass_on(Wake::Permits);
+        assert!(!woken_after(&group, looked, Duration::from_millis(100)).await);
+        // A new message is news to both.
+        channel.deliver(&Value::from("2"));
+        assert!(woken_after(&group, looked, Duration::from_secs(5)).await);
+        assert!(woken_after(&group, looked, Duration::from_secs(5)).await);
     }
 }
