@@ -447,12 +447,24 @@ impl Hub {
             PubSubMode::Sharded => {
                 // One at a time: a multi-channel SSUBSCRIBE must stay within one slot.
                 for name in names {
-                    match self.subscriber.ssubscribe(name.clone()).await {
-                        // Redirected (the slot moved): fred re-read the slot map; once more.
-                        Err(e) if crate::error::is_redirect(&e) => {
-                            self.subscriber.ssubscribe(name).await?
+                    let mut tries = 0;
+                    loop {
+                        tries += 1;
+                        match self.subscriber.ssubscribe(name.clone()).await {
+                            // Redirected (the slot moved, or is moving: fred reports MOVED as
+                            // either error with redirections off) and re-read the slot map.
+                            // Subscribing twice does no harm: again, a few times while a
+                            // migration settles.
+                            Err(e)
+                                if tries < SUBSCRIBE_TRIES
+                                    && (crate::error::is_redirect(&e)
+                                        || crate::error::is_rewrite(&e)) =>
+                            {
+                                tokio::time::sleep(std::time::Duration::from_millis(20 * tries))
+                                    .await;
+                            }
+                            other => break other?,
                         }
-                        other => other?,
                     }
                 }
                 Ok(())
@@ -533,6 +545,9 @@ async fn follow_shards(hub: std::sync::Weak<Hub>) {
         last = owners;
     }
 }
+
+/// How often a shard subscription the cluster redirected is sent.
+const SUBSCRIBE_TRIES: u64 = 5;
 
 /// How often the hub re-reads a cluster's slot map while shard channels are subscribed.
 const SHARD_SCAN: std::time::Duration = std::time::Duration::from_secs(1);
