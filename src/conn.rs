@@ -550,7 +550,7 @@ struct Run<'a> {
     retry_for: Duration,
 }
 
-/// A script's reply, and its `WAIT`'s, if one was sent.
+/// A command's reply, and its `WAIT`'s, if one was sent.
 struct Sent {
     reply: Value,
     wait: Option<Wait>,
@@ -558,7 +558,7 @@ struct Sent {
 }
 
 impl Run<'_> {
-    /// Sends the script until Redis runs it, refuses it for good, or `retry_for` has passed.
+    /// Sends the command until Redis runs it, refuses it for good, or `retry_for` has passed.
     async fn send(&self) -> Result<Sent, FredError> {
         let give_up_at = Instant::now() + self.retry_for;
         let mut reloaded = false;
@@ -573,9 +573,23 @@ impl Run<'_> {
                         .wait_for(self.redis, self.slot, asking.as_ref())
                 })
                 .flatten();
+            // An idempotent command's sends share its one command timeout (a counted call has
+            // none of fred's: its caller bounds it).
+            let options = if self.idempotent {
+                Options {
+                    timeout: Some(
+                        give_up_at
+                            .saturating_duration_since(Instant::now())
+                            .max(Duration::from_millis(1)),
+                    ),
+                    ..self.options.clone()
+                }
+            } else {
+                self.options.clone()
+            };
             let (reply, waited) = send(
                 self.redis,
-                &self.options,
+                &options,
                 self.name,
                 self.slot,
                 self.command.clone(),
