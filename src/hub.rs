@@ -535,12 +535,25 @@ impl Hub {
             PubSubMode::Sharded => {
                 // One at a time: a multi-channel SSUBSCRIBE must stay within one slot.
                 for name in names {
-                    match self.subscriber.ssubscribe(name.clone()).await {
-                        // Redirected (the slot moved): fred re-read the slot map; once more.
-                        Err(e) if crate::error::is_redirect(&e) => {
-                            self.subscriber.ssubscribe(name).await?
+                    let mut tries = 0;
+                    loop {
+                        tries += 1;
+                        match self.subscriber.ssubscribe(name.clone()).await {
+                            // Redirected: the slot moved or is moving (fred, told to follow
+                            // no redirection, answers either error, seen during migrations)
+                            // and re-read the slot map. Subscribing twice does no harm: again,
+                            // a few times while a migration settles, or waiters would wait for
+                            // the lease.
+                            Err(e)
+                                if tries < SUBSCRIBE_TRIES
+                                    && (crate::error::is_redirect(&e)
+                                        || crate::error::is_rewrite(&e)) =>
+                            {
+                                tokio::time::sleep(std::time::Duration::from_millis(20 * tries))
+                                    .await;
+                            }
+                            other => break other?,
                         }
-                        other => other?,
                     }
                 }
                 Ok(())
@@ -574,21 +587,17 @@ impl Hub {
         }
     }
 
-    /// The primaries currently serving the shard channels' slots (sharded mode on a cluster).
-    fn shard_owners(&self) -> Vec<Option<fred::types::config::Server>> {
-        let Some(state) = self.subscriber.cached_cluster_state() else {
-            return Vec::new();
-        };
-        let mut names: Vec<Arc<str>> = self.channels.iter().map(|s| s.key().clone()).collect();
-        names.sort();
-        names
-            .iter()
-            .map(|n| {
-                state
-                    .get_server(fred::util::redis_keyslot(n.as_bytes()))
-                    .cloned()
-            })
-            .collect()
+    /// Whether a subscribed shard channel's slot is served by another primary in `now` than in
+    /// `before`.
+    fn shard_moved(
+        &self,
+        before: &fred::types::cluster::ClusterRouting,
+        now: &fred::types::cluster::ClusterRouting,
+    ) -> bool {
+        self.channels.iter().any(|channel| {
+            let slot = fred::util::redis_keyslot(channel.key().as_bytes());
+            before.get_server(slot) != now.get_server(slot)
+        })
     }
 }
 
@@ -598,7 +607,13 @@ impl Hub {
 /// the slot map every `SHARD_SCAN` (Redisson scans its cluster topology periodically too) and
 /// resubscribe, waking every waiter, when the owner of a subscribed slot changed.
 async fn follow_shards(hub: std::sync::Weak<Hub>) {
-    let mut last = Vec::new();
+    // The slot map as of the last look: every subscription since was sent with it or a newer
+    // one, so a slot whose owner differs now may have lost its subscriptions. (Comparing owners
+    // at the last look with owners now for the channels of both looks missed a channel
+    // subscribed between two looks, on a node that lost its slot before the second.)
+    let mut last = hub
+        .upgrade()
+        .and_then(|hub| hub.subscriber.cached_cluster_state());
     loop {
         tokio::time::sleep(SHARD_SCAN).await;
         let Some(hub) = hub.upgrade() else { break };
@@ -606,19 +621,20 @@ async fn follow_shards(hub: std::sync::Weak<Hub>) {
             break;
         }
         if hub.channels.is_empty() {
-            last.clear();
             continue;
         }
         if let Err(e) = hub.subscriber.sync_cluster().await {
             tracing::debug!(error = %e, "cluster slot map refresh failed");
             continue;
         }
-        let owners = hub.shard_owners();
-        if !last.is_empty() && owners != last {
-            tracing::info!("a subscribed slot moved to another node; resubscribing");
-            resubscribe(&hub).await;
+        let now = hub.subscriber.cached_cluster_state();
+        if let (Some(before), Some(now)) = (&last, &now) {
+            if hub.shard_moved(before, now) {
+                tracing::info!("a subscribed slot moved to another node; resubscribing");
+                resubscribe(&hub).await;
+            }
         }
-        last = owners;
+        last = now;
     }
 }
 
@@ -645,6 +661,9 @@ async fn wake_at_lease_end(group: Arc<Group>) {
         }
     }
 }
+
+/// How many times a shard subscription is sent while the cluster redirects it.
+const SUBSCRIBE_TRIES: u64 = 5;
 
 /// How often the hub re-reads a cluster's slot map while shard channels are subscribed.
 const SHARD_SCAN: std::time::Duration = std::time::Duration::from_secs(1);

@@ -5,7 +5,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fred::interfaces::KeysInterface;
 use fred::types::Value;
 
 use crate::acquire::{bounded, traced, wait_for, Attempts, Finish, Try};
@@ -185,8 +184,7 @@ impl Semaphore {
         let value: Option<String> = named
             .client
             .conn
-            .redis()
-            .get(&*named.key)
+            .read("GET", &named.key, vec![])
             .await
             .map_err(|e| named.error(&e))?;
         parse_count(named, value)
