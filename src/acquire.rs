@@ -48,6 +48,9 @@ pub(crate) enum Try<T> {
     Got(T),
     /// Refused; the holder's lease has this many milliseconds left (the park's bound).
     Busy(u64),
+    /// Refused, as [`Busy`](Try::Busy), though permits are free: fewer than this waiter asks
+    /// for, but a smaller request could take them.
+    TooFew(u64),
 }
 
 /// One waiter's attempts, as the wait loop drives them.
@@ -219,7 +222,7 @@ pub(crate) fn wait_for<A: Attempts>(
                         waiter.disarm();
                         break 'wait Ok(Some(output));
                     }
-                    Ok(Try::Busy(pttl)) => pttl,
+                    Ok(Try::Busy(pttl) | Try::TooFew(pttl)) => pttl,
                     Err(e @ Error::NotReplicated { .. }) if !past(waiter.deadline) => {
                         tracing::debug!(lock = %waiter.attempts.name(), error = %e, "not replicated; retrying");
                         unreplicated = Some(Box::new(e));
@@ -263,15 +266,27 @@ pub(crate) fn wait_for<A: Attempts>(
             tracing::trace!(lock = %waiter.attempts.name(), pttl = held_for, "waiting");
 
             let mut recheck = !skip_recheck;
+            // The group's message count when this waiter last looked: any wake-up is news to
+            // it until it has looked once.
+            let mut seen = subscription.messages().wrapping_sub(1);
             let mut woken = false;
             let mut passed = false;
             let mut failing_since: Option<Instant> = None;
             loop {
                 if recheck {
                     generation = waiter.attempts.client().hub.generation();
+                    seen = subscription.messages();
                     // Passed the lock meanwhile: no attempt of its own (it would re-enter).
+                    // A pass to it still in flight is waited out, but not past the caller's
+                    // deadline: leaving then gets nothing, and the hold the pass wrote is
+                    // released by the releaser (see `crate::baton`).
                     let handed = match &ticket {
-                        Some(ticket) => ticket.start_attempt().await,
+                        Some(ticket) => {
+                            match until(waiter.deadline, ticket.start_attempt()).await {
+                                Some(handed) => handed,
+                                None => break 'wait unreplicated.map_or(Ok(None), |e| Err(*e)),
+                            }
+                        }
                         None => None,
                     };
                     let tried = match handed.and_then(|guard| waiter.attempts.passed(guard)) {
@@ -281,6 +296,10 @@ pub(crate) fn wait_for<A: Attempts>(
                     if woken || passed {
                         recording.woken(matches!(tried, Ok(Try::Got(_))));
                     }
+                    if woken && matches!(tried, Ok(Try::TooFew(_))) {
+                        // Woken for permits too few for it: a smaller request may use them.
+                        subscription.pass_on();
+                    }
                     match tried {
                         Ok(Try::Got(output)) => {
                             if woken {
@@ -289,7 +308,7 @@ pub(crate) fn wait_for<A: Attempts>(
                             waiter.disarm();
                             break 'wait Ok(Some(output));
                         }
-                        Ok(Try::Busy(pttl)) => {
+                        Ok(Try::Busy(pttl) | Try::TooFew(pttl)) => {
                             held_for = pttl;
                             failing_since = None;
                             unreplicated = None;
@@ -343,7 +362,7 @@ pub(crate) fn wait_for<A: Attempts>(
                 tokio::select! {
                     biased;
                     _ = baton_acted(&ticket) => passed = true,
-                    _ = subscription.notified() => woken = true,
+                    _ = subscription.notified(seen) => woken = true,
                     _ = hub.regenerated(generation) => {}
                     _ = tokio::time::sleep(bound) => {}
                 }
@@ -364,6 +383,15 @@ pub(crate) fn wait_for<A: Attempts>(
 /// Whether the caller's wait is over.
 fn past(deadline: Option<Instant>) -> bool {
     deadline.is_some_and(|d| Instant::now() >= d)
+}
+
+/// `future`'s output, or `None` if `deadline` passes first (an output ready by then is
+/// taken, even past it).
+async fn until<T>(deadline: Option<Instant>, future: impl Future<Output = T>) -> Option<T> {
+    match deadline {
+        Some(deadline) => tokio::time::timeout_at(deadline, future).await.ok(),
+        None => Some(future.await),
+    }
 }
 
 /// Resolves when a releaser handed the waiter the lock; never without a ticket.
@@ -575,12 +603,12 @@ async fn attempt<K: Kind>(
     }
 }
 
-/// Logs a settle's outcome; a count below what the client's guards rely on means their hold
+/// Logs a trim's outcome; a count below what the client's guards rely on means their hold
 /// is gone.
-fn settled(turn: &Turn, keep: u32, reply: &Value) {
+fn settled(turn: &Turn, keep: u32, reply: &Value, why: Trim) {
     let entry = turn.entry();
     let remaining = reply.as_i64().unwrap_or(-1);
-    tracing::info!(key = %entry.key, owner = %entry.field, keep, remaining, "settled a call of unknown outcome");
+    tracing::info!(key = %entry.key, owner = %entry.field, keep, remaining, why = why.why(), "trimmed the owner's count to its guards");
     if keep > 0 && remaining < i64::from(keep) {
         turn.lose(Loss::CountFell);
     }
@@ -607,11 +635,14 @@ pub(crate) async fn undo_acquire(
     }
 }
 
+/// How many command timeouts [`bounded`] awaits a counted call.
+pub(crate) const CALL_BOUND: u32 = 4;
+
 /// Awaits a counted call, for at most as long as a hold it took would matter: past that,
 /// treat the outcome as unknown (a settle queued behind it on the same connection then
 /// learns what it did).
 pub(crate) async fn bounded(call: Call, conn: &Conn) -> std::result::Result<Value, Failed> {
-    let bound = conn.command_timeout() * 4;
+    let bound = conn.command_timeout() * CALL_BOUND;
     match tokio::time::timeout(bound, call).await {
         Ok(outcome) => outcome,
         Err(_) => Err(Failed::MaybeRan(FredError::new(
@@ -624,15 +655,47 @@ pub(crate) async fn bounded(call: Call, conn: &Conn) -> std::result::Result<Valu
 /// How long a settle keeps trying before the lease is left to end it.
 const SETTLE_RETRY: Duration = Duration::from_millis(200);
 
+/// Why an owner's count is trimmed.
+#[derive(Clone, Copy)]
+enum Trim {
+    /// A counted call's outcome is unknown.
+    Unknown,
+    /// A lost hold is released while other holds keep its key alive.
+    Lost,
+}
+
+impl Trim {
+    fn why(self) -> &'static str {
+        match self {
+            Trim::Unknown => "a counted call's outcome is unknown",
+            Trim::Lost => "a lost hold's key outlived its lease",
+        }
+    }
+}
+
 /// Settles an owner whose count may have been changed by a call of unknown outcome: trims
 /// its count in Redis back to the holds this client accounts for, under the turn (so no
 /// other call of the client is in flight to be trimmed by mistake). Only for owners whose
 /// field only this client writes; another client sharing an explicit owner could be holding
 /// counts this client does not know about.
 pub(crate) fn settle(conn: Arc<Conn>, turn: Turn) {
+    trim(conn, turn, Trim::Unknown);
+}
+
+/// Removes what is left in Redis of a lost hold (its lease ended by the local clock, say)
+/// whose key other holds keep alive ([`HoldOps::shares_expiry`]): the same trim as a
+/// settle's, so the holds this client still accounts for on that owner — taken anew after
+/// the loss — stay, and only the lost ones go, however many guards shared them.
+pub(crate) fn trim_lost(conn: Arc<Conn>, turn: Turn) {
+    trim(conn, turn, Trim::Lost);
+}
+
+/// Trims the owner's count back to the holds this client accounts for, under `turn`, in the
+/// background (see [`settle`]).
+fn trim(conn: Arc<Conn>, turn: Turn, why: Trim) {
     let entry = turn.entry().clone();
     if !entry.is_own() {
-        tracing::warn!(key = %entry.key, owner = %entry.field, "a counted call's outcome is unknown and the owner is shared with another client; if it ran, its hold ends with its lease");
+        tracing::warn!(key = %entry.key, owner = %entry.field, why = why.why(), "the owner is shared with another client, so its count is not trimmed: a hold left behind ends with its lease");
         return;
     }
     let runtime = conn.runtime().clone();
@@ -643,7 +706,7 @@ pub(crate) fn settle(conn: Arc<Conn>, turn: Turn) {
             let trim = entry.ops.release(&conn, &entry.field, u32::MAX, keep);
             match bounded(trim, &conn).await {
                 Ok(reply) => {
-                    settled(&turn, keep, &reply);
+                    settled(&turn, keep, &reply, why);
                     break;
                 }
                 // Idempotent: sent again until replicas acknowledge it (a WAIT covers every
@@ -651,16 +714,16 @@ pub(crate) fn settle(conn: Arc<Conn>, turn: Turn) {
                 Err(Failed::Unreplicated { reply, .. })
                     if Instant::now() >= give_up_at || conn.is_closed() =>
                 {
-                    settled(&turn, keep, &reply);
-                    tracing::warn!(key = %entry.key, "settled, but no replica acknowledged it");
+                    settled(&turn, keep, &reply, why);
+                    tracing::warn!(key = %entry.key, "trimmed, but no replica acknowledged it");
                     break;
                 }
                 Err(e) if Instant::now() < give_up_at && !conn.is_closed() => {
-                    tracing::debug!(key = %entry.key, error = %e, "settle failed; retrying");
+                    tracing::debug!(key = %entry.key, error = %e, "trim failed; retrying");
                     tokio::time::sleep(SETTLE_RETRY).await;
                 }
                 Err(e) => {
-                    tracing::warn!(key = %entry.key, owner = %entry.field, error = %e, "could not settle a call of unknown outcome; a hold it took ends with its lease");
+                    tracing::warn!(key = %entry.key, owner = %entry.field, error = %e, why = why.why(), "could not trim the owner's count; a hold left behind ends with its lease");
                     break;
                 }
             }

@@ -11,11 +11,12 @@
 //! Fairness across clients comes first: the script passes only while nothing but this
 //! client's own subscriber listens on the lock's channel (anyone else subscribed may be
 //! waiting), and a lock passes at most [`Config::baton_passes`](crate::Config::baton_passes)
-//! times in a row before an ordinary release. A release that found another client waiting
-//! makes the next few releases of that key ordinary ones without asking: that client most
-//! likely still waits. On a cluster with classic pub/sub the subscriber count is the key's
-//! node's only, so the bound on passes in a row is what serves waiters subscribed through
-//! other nodes.
+//! times in a row before an ordinary release — counted with the hold in the client's registry
+//! ([`crate::holds`]), so the guard released last, re-entered or not, knows the run. A release
+//! that found another client waiting makes the next few releases of that key ordinary ones
+//! without asking: that client most likely still waits. On a cluster with classic pub/sub
+//! the subscriber count is the key's node's only, so the bound on passes in a row is what
+//! serves waiters subscribed through other nodes.
 //!
 //! Each parked waiter that can take a pass has an entry in its key's [`Queue`] — a plain
 //! record in one shared deque, not an allocation of its own (10,000 parked waiters must not
@@ -230,7 +231,8 @@ impl Ticket<'_> {
 
     /// The waiter is about to try for the lock itself. Returns the guard if the lock was
     /// passed to it meanwhile (waiting out a pass in flight first: its outcome is one round
-    /// trip away, and the releaser bounds it); `None`: go ahead.
+    /// trip away, and the releaser bounds it — a caller whose deadline comes first drops the
+    /// ticket instead, leaving whatever the pass wrote to the releaser); `None`: go ahead.
     pub(crate) async fn start_attempt(&self) -> Option<Box<dyn Any + Send>> {
         poll_fn(|cx| {
             let mut entries = self.queue.entries.lock();

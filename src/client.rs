@@ -7,7 +7,7 @@ use fred::interfaces::ClientLike;
 use fred::prelude::{Builder as FredBuilder, Config as FredConfig, ReconnectPolicy};
 use fred::types::config::TcpConfig;
 
-use crate::acquire::bounded;
+use crate::acquire::{bounded, CALL_BOUND};
 use crate::config::{redact_url, Builder, Config};
 use crate::conn::Conn;
 use crate::holds::{Holds, Loss};
@@ -365,6 +365,11 @@ impl Client {
     /// report [`lost`](crate::LockGuard::lost), and waiting `lock()` calls return
     /// [`Error::ShutDown`]. Every later operation returns [`Error::ShutDown`]. Calling it
     /// twice is harmless.
+    ///
+    /// A call still in flight on a lock (an acquire, a release, a baton pass to a waiter) is
+    /// waited for, up to eight command timeouts, and a hold it took is released too. If one
+    /// is still in flight then (the server stalls), it returns [`Error::Timeout`]: a hold
+    /// that call takes ends with its lease.
     pub async fn shutdown(&self) -> Result<()> {
         let inner = &self.inner;
         let conn = &inner.conn;
@@ -381,13 +386,20 @@ impl Client {
         }
         // Each hold is released under its owner's turn: a call in flight on it (an acquire,
         // a dropped guard's release) finishes first, so nothing is released twice or left
-        // behind.
-        let deadline = tokio::time::Instant::now() + conn.command_timeout();
+        // behind. Such a call is awaited for its whole bound, plus one more for a baton pass
+        // that lands meanwhile and is undone under the next owner's turn: quitting earlier
+        // would leave what it wrote to its lease, unknown to anyone.
+        let in_flight = conn.command_timeout() * (2 * CALL_BOUND);
+        let deadline = tokio::time::Instant::now() + in_flight;
         let releases = inner.holds.entries().into_iter().map(|entry| async move {
-            let turn = inner
+            let Some(turn) = inner
                 .holds
                 .turn(&entry.key, &entry.field, &entry.ops, deadline)
-                .await?;
+                .await
+            else {
+                tracing::warn!(key = %entry.key, owner = %entry.field, "shutdown: a call on the lock was still in flight; a hold it left ends with its lease");
+                return Some(Error::Timeout(in_flight));
+            };
             let guards = turn.end(Loss::ShutDown);
             if guards == 0 {
                 return None;

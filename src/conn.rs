@@ -1,15 +1,18 @@
 //! [`Conn`]: the command connection as lock kinds, guards and the watchdog see it — the fred
-//! client, the command timeout, error mapping, replica sync, and the two ways a Lua script is
-//! run.
+//! client, the command timeout, error mapping, replica sync, the two ways a Lua script is run,
+//! and reads of a lock's keys.
 //!
 //! Every script is run by EVALSHA and reloaded transparently on NOSCRIPT (a restart, `SCRIPT
 //! FLUSH` or a failover empties the server's cache; a NOSCRIPT reply means the script did not
-//! run, so the retry can never apply a step twice). A cluster redirection (MOVED, ASK) also
-//! means it did not run, and it is re-sent to the slot's new owner. Beyond that, scripts come
-//! in two sorts:
+//! run, so the retry can never apply a step twice). What a cluster refuses before running it
+//! did not run either, and it is sent again the way Redis asks, scripts and reads alike, until
+//! the command timeout has passed: after MOVED (a failover, a finished migration) to the
+//! slot's new owner; after ASK (the slot is migrating and the keys have left) to the importing
+//! node, behind `ASKING` on the same connection; after TRYAGAIN (the slot is migrating and
+//! some of the keys have left) after a short pause. Beyond that, scripts come in two sorts:
 //!
 //! - **idempotent** ones (reads, renewals, force-unlock): bounded by the command timeout,
-//!   re-sent after any redirection, since running one twice changes nothing;
+//!   also re-sent after a write fred refused, since running one twice changes nothing;
 //! - **counted** ones (acquire, release): never re-sent blind. [`Conn::call`] gives the caller
 //!   the round trip itself, with no timeout of fred's: a caller that stops waiting hands it to
 //!   a task that awaits the real reply, so the outcome of every call that reached Redis is
@@ -27,6 +30,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock, Weak};
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use fred::error::{Error as FredError, ErrorKind};
 use fred::interfaces::{ClientLike, ClusterInterface};
 use fred::types::config::{Options, Server};
@@ -35,7 +40,7 @@ use fred::types::{ClusterHash, CustomCommand, FromValue, InfoKind, Value};
 use parking_lot::RwLock;
 
 use crate::config::{ReplicaSync, AUTO_REPLICA_TIMEOUT};
-use crate::error::{is_noscript, is_redirect, is_rewrite};
+use crate::error::{is_noscript, is_redirect, is_rewrite, is_tryagain, is_unblocked};
 use crate::Error;
 
 /// A Lua script of the crate: its text, compiled into the binary, and its SHA1.
@@ -55,8 +60,9 @@ macro_rules! lua_script {
 }
 pub(crate) use lua_script;
 
-/// How often a script redirected by the cluster is re-sent.
-const REDIRECT_RESENDS: u32 = 3;
+/// The longest pause between two sends of a script the cluster refused (TRYAGAIN, or a
+/// redirection whose target is not known yet).
+const REFUSED_PAUSE_MAX: Duration = Duration::from_millis(200);
 
 /// How often [`ReplicaSync::Auto`] re-reads how many replicas each primary has.
 const REPLICA_SCAN: Duration = Duration::from_secs(1);
@@ -174,8 +180,14 @@ struct Replication {
 }
 
 impl Replication {
-    /// The `WAIT` a change of the keys in `slot` (`None`: not clustered) needs, if any.
-    fn wait_for(&self, redis: &fred::clients::Client, slot: Option<u16>) -> Option<Wait> {
+    /// The `WAIT` a change of the keys in `slot` (`None`: not clustered) needs, if any; made
+    /// on `asking` (the node importing the slot) when set, else on the slot's owner.
+    fn wait_for(
+        &self,
+        redis: &fred::clients::Client,
+        slot: Option<u16>,
+        asking: Option<&Server>,
+    ) -> Option<Wait> {
         match self.sync {
             ReplicaSync::Off => None,
             ReplicaSync::Replicas { min, timeout } => Some(Wait {
@@ -186,10 +198,12 @@ impl Replication {
                 if !self.any_replicas.load(Ordering::Acquire) {
                     return None;
                 }
-                let node = slot.and_then(|slot| {
-                    redis
-                        .cached_cluster_state()
-                        .and_then(|state| state.get_server(slot).cloned())
+                let node = asking.cloned().or_else(|| {
+                    slot.and_then(|slot| {
+                        redis
+                            .cached_cluster_state()
+                            .and_then(|state| state.get_server(slot).cloned())
+                    })
                 });
                 // A primary not counted yet (just promoted) is taken as having none until the
                 // next count: `Auto` never blocks a connection on a replica it has not seen.
@@ -304,6 +318,32 @@ impl Conn {
         Ok((reply.convert()?, ack))
     }
 
+    /// Runs the read-only command `name` on `key` (then `args`): bounded by the command
+    /// timeout, and sent again where the cluster refused it, as a script is.
+    pub(crate) async fn read<R: FromValue>(
+        &self,
+        name: &'static str,
+        key: &str,
+        args: Vec<Value>,
+    ) -> Result<R, FredError> {
+        let mut command = Vec::with_capacity(1 + args.len());
+        command.push(Value::from(key));
+        command.extend(args);
+        let run = Run {
+            redis: &self.redis,
+            replication: &self.replication,
+            name,
+            script: None,
+            command,
+            slot: self.slot(&[key]),
+            options: Options::default(),
+            synced: false,
+            idempotent: true,
+            retry_for: self.command_timeout,
+        };
+        run.send().await?.reply.convert()
+    }
+
     async fn eval_with(
         &self,
         script: &'static LuaScript,
@@ -311,110 +351,105 @@ impl Conn {
         args: Vec<Value>,
         synced: bool,
     ) -> Result<(Value, Ack), FredError> {
-        let command = evalsha_args(script, keys, args);
-        let slot = self.slot(keys);
-        let hash = route(slot);
-        let mut reloaded = false;
-        let mut resends = 0;
-        loop {
-            let timed = Options::default();
-            let wait = synced
-                .then(|| self.replication.wait_for(&self.redis, slot))
-                .flatten();
-            let (reply, waited) = send(&self.redis, &timed, &hash, command.clone(), wait).await;
-            match reply {
-                Err(e) if is_noscript(&e) && !reloaded => {
-                    reloaded = true;
-                    tracing::debug!("script cache lost; loading the script again");
-                    crate::metrics::script_reloaded();
-                    script.load(&self.redis).await?;
-                }
-                Err(e) if (is_redirect(&e) || is_rewrite(&e)) && resends < REDIRECT_RESENDS => {
-                    resends += 1;
-                    redirect_pause(resends).await;
-                }
-                Err(e) => return Err(e),
-                Ok(reply) => {
-                    let ack = match (wait, waited) {
-                        (Some(wait), Some(Ok(acked))) if acked < wait.replicas => Ack::Short {
-                            acked,
-                            wanted: wait.replicas,
-                        },
-                        (Some(_), Some(Err(e))) => return Err(e),
-                        (Some(_), _) => Ack::Acked,
-                        (None, _) => Ack::NotAsked,
-                    };
-                    return Ok((reply, ack));
-                }
-            }
-        }
+        let run = Run {
+            redis: &self.redis,
+            replication: &self.replication,
+            name: "EVALSHA",
+            script: Some(script),
+            command: evalsha_args(script, keys, args),
+            slot: self.slot(keys),
+            options: Options::default(),
+            synced,
+            idempotent: true,
+            retry_for: self.command_timeout,
+        };
+        let sent = run.send().await?;
+        let ack = match (sent.wait, sent.waited) {
+            (Some(wait), Some(Ok(acked))) if acked < wait.replicas => Ack::Short {
+                acked,
+                wanted: wait.replicas,
+            },
+            // A `WAIT` a failover unblocked learnt nothing: not acknowledged.
+            (Some(wait), Some(Err(e))) if is_unblocked(&e) => Ack::Short {
+                acked: 0,
+                wanted: wait.replicas,
+            },
+            (Some(_), Some(Err(e))) => return Err(e),
+            (Some(_), _) => Ack::Acked,
+            (None, _) => Ack::NotAsked,
+        };
+        Ok((sent.reply, ack))
     }
 
     /// The round trip of a counted script, without a timeout: the caller bounds its wait and
-    /// hands the call on if it stops waiting. Reloaded on NOSCRIPT and re-sent after a
-    /// redirection (neither ran); never re-sent otherwise. Followed by `WAIT` where replica
-    /// sync asks for it.
+    /// hands the call on if it stops waiting. Sent again only when Redis refused it before
+    /// running it (NOSCRIPT, MOVED, ASK, TRYAGAIN; see the module's page), for up to a command
+    /// timeout; never re-sent otherwise. Followed by `WAIT` where replica sync asks for it.
     pub(crate) fn call(&self, script: &'static LuaScript, keys: &[&str], args: Vec<Value>) -> Call {
         let command = evalsha_args(script, keys, args);
         // The slot, not the key, is what routing and `WAIT` need: no copy of the key is kept.
         let slot = self.slot(keys);
-        let hash = route(slot);
         let replication = self.replication.clone();
-        // No timeout of fred's: a timed-out command that was still queued would be skipped,
-        // and one already written would have its reply thrown away; either way its outcome
-        // would be lost. Waiting is the caller's to bound.
         let redis = self.redis.clone();
+        let retry_for = self.command_timeout;
         Box::pin(async move {
-            let untimed = Options {
-                timeout: Some(Duration::ZERO),
-                ..Options::default()
+            // No timeout of fred's: a timed-out command that was still queued would be
+            // skipped, and one already written would have its reply thrown away; either way
+            // its outcome would be lost. Waiting is the caller's to bound.
+            let run = Run {
+                redis: &redis,
+                replication: &replication,
+                name: "EVALSHA",
+                script: Some(script),
+                command,
+                slot,
+                options: Options {
+                    timeout: Some(Duration::ZERO),
+                    ..Options::default()
+                },
+                synced: true,
+                idempotent: false,
+                retry_for,
             };
-            let mut reloaded = false;
-            let mut resends = 0;
-            loop {
-                let wait = replication.wait_for(&redis, slot);
-                let (reply, waited) = send(&redis, &untimed, &hash, command.clone(), wait).await;
-                match reply {
-                    Err(e) if is_noscript(&e) && !reloaded => {
-                        reloaded = true;
-                        tracing::debug!("script cache lost; loading the script again");
-                        crate::metrics::script_reloaded();
-                        script.load(&redis).await.map_err(classify)?;
-                    }
-                    // Redirected, so not run: the slot's new owner gets it.
-                    Err(e) if is_redirect(&e) && resends < REDIRECT_RESENDS => {
-                        resends += 1;
-                        redirect_pause(resends).await;
-                    }
-                    Err(e) => return Err(classify(e)),
-                    Ok(reply) => {
-                        let Some(wait) = wait else { return Ok(reply) };
-                        return match waited {
-                            Some(Ok(acked)) if acked >= wait.replicas => Ok(reply),
-                            Some(Ok(acked)) => Err(Failed::Unreplicated {
-                                reply,
-                                acked,
-                                wanted: wait.replicas,
-                                wait_error: None,
-                            }),
-                            Some(Err(e)) => {
-                                tracing::warn!(error = %e, "WAIT failed after a lock script; it does not count as replicated");
-                                Err(Failed::Unreplicated {
-                                    reply,
-                                    acked: 0,
-                                    wanted: wait.replicas,
-                                    wait_error: Some(e),
-                                })
-                            }
-                            None => Err(Failed::Unreplicated {
-                                reply,
-                                acked: 0,
-                                wanted: wait.replicas,
-                                wait_error: None,
-                            }),
-                        };
-                    }
+            let sent = run.send().await.map_err(classify)?;
+            let Some(wait) = sent.wait else {
+                return Ok(sent.reply);
+            };
+            let reply = sent.reply;
+            match sent.waited {
+                Some(Ok(acked)) if acked >= wait.replicas => Ok(reply),
+                Some(Ok(acked)) => Err(Failed::Unreplicated {
+                    reply,
+                    acked,
+                    wanted: wait.replicas,
+                    wait_error: None,
+                }),
+                // A failover (or `CLIENT UNBLOCK`) ended the `WAIT`: nothing was learnt about
+                // the replicas, so it counts as not acknowledged, like a `WAIT` that timed out.
+                Some(Err(e)) if is_unblocked(&e) => {
+                    tracing::debug!(error = %e, "WAIT unblocked after a lock script; not acknowledged");
+                    Err(Failed::Unreplicated {
+                        reply,
+                        acked: 0,
+                        wanted: wait.replicas,
+                        wait_error: None,
+                    })
                 }
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "WAIT failed after a lock script; it does not count as replicated");
+                    Err(Failed::Unreplicated {
+                        reply,
+                        acked: 0,
+                        wanted: wait.replicas,
+                        wait_error: Some(e),
+                    })
+                }
+                None => Err(Failed::Unreplicated {
+                    reply,
+                    acked: 0,
+                    wanted: wait.replicas,
+                    wait_error: None,
+                }),
             }
         })
     }
@@ -495,57 +530,248 @@ async fn follow_replicas(conn: Weak<Conn>) {
     }
 }
 
-/// Sends `command` (an EVALSHA) with `options`, followed by `WAIT` when
-/// `wait` is set, back to back on the same connection: the script's reply, and the number of
-/// replicas `WAIT` reported.
+/// One command to run (a script's `EVALSHA`, or a read): everything its sends need.
+struct Run<'a> {
+    redis: &'a fred::clients::Client,
+    replication: &'a Replication,
+    /// `EVALSHA`, or the command read.
+    name: &'static str,
+    /// The script `EVALSHA` runs, reloaded on NOSCRIPT.
+    script: Option<&'static LuaScript>,
+    /// The command's arguments.
+    command: Vec<Value>,
+    slot: Option<u16>,
+    options: Options,
+    /// Whether a `WAIT` follows where replica sync asks for one.
+    synced: bool,
+    /// Whether a write fred refused (which may follow a run) may be sent again.
+    idempotent: bool,
+    /// How long refusals are answered by sending again.
+    retry_for: Duration,
+}
+
+/// A command's reply, and its `WAIT`'s, if one was sent.
+struct Sent {
+    reply: Value,
+    wait: Option<Wait>,
+    waited: Option<Result<u32, FredError>>,
+}
+
+impl Run<'_> {
+    /// Sends the command until Redis runs it, refuses it for good, or `retry_for` has passed.
+    async fn send(&self) -> Result<Sent, FredError> {
+        let give_up_at = Instant::now() + self.retry_for;
+        let mut reloaded = false;
+        let mut refusals = 0;
+        // The node importing the slot, while Redis answers ASK.
+        let mut asking: Option<Server> = None;
+        loop {
+            let wait = self
+                .synced
+                .then(|| {
+                    self.replication
+                        .wait_for(self.redis, self.slot, asking.as_ref())
+                })
+                .flatten();
+            // An idempotent command's sends share its one command timeout (a counted call has
+            // none of fred's: its caller bounds it).
+            let options = if self.idempotent {
+                Options {
+                    timeout: Some(
+                        give_up_at
+                            .saturating_duration_since(Instant::now())
+                            .max(Duration::from_millis(1)),
+                    ),
+                    ..self.options.clone()
+                }
+            } else {
+                self.options.clone()
+            };
+            let (reply, waited) = send(
+                self.redis,
+                &options,
+                self.name,
+                self.slot,
+                self.command.clone(),
+                wait,
+                asking.as_ref(),
+            )
+            .await;
+            let err = match reply {
+                Ok(reply) => {
+                    return Ok(Sent {
+                        reply,
+                        wait,
+                        waited,
+                    })
+                }
+                Err(err) => err,
+            };
+            if let Some(script) = self.script.filter(|_| is_noscript(&err) && !reloaded) {
+                reloaded = true;
+                tracing::debug!("script cache lost; loading the script again");
+                crate::metrics::script_reloaded();
+                script.load(self.redis).await?;
+                continue;
+            }
+            let redirected = is_redirect(&err);
+            let refused = redirected || is_tryagain(&err) || (self.idempotent && is_rewrite(&err));
+            if !refused || Instant::now() >= give_up_at {
+                return Err(err);
+            }
+            refusals += 1;
+            if redirected {
+                // MOVED or ASK (fred tells neither apart, and re-read the slot map after
+                // MOVED): the slot's owner says whether the slot is migrating, and where.
+                let was_asking = asking.is_some();
+                asking = match self.slot {
+                    Some(slot) => importing_node(self.redis, slot).await,
+                    None => None,
+                };
+                tracing::debug!(
+                    refusals,
+                    ?asking,
+                    "script redirected by the cluster; sending again"
+                );
+                if asking.is_some() && !was_asking {
+                    // Where the keys went is known: no reason to wait.
+                    continue;
+                }
+            } else {
+                tracing::debug!(refusals, error = %err, "script refused before it ran; sending again");
+            }
+            // While a slot migrates or a failover settles, the nodes may disagree for a while:
+            // sends spaced by a growing pause ride it out without flooding them.
+            let pause = (Duration::from_millis(10) * 2u32.saturating_pow(refusals.min(8)))
+                .min(REFUSED_PAUSE_MAX)
+                .min(give_up_at.saturating_duration_since(Instant::now()));
+            tokio::time::sleep(pause).await;
+        }
+    }
+}
+
+/// The node importing `slot`, when its owner (as fred routes it) says the slot is migrating
+/// there; `None` when it is not migrating, or the node is not one fred routes to (a primary
+/// serving no slot yet: the script is then sent again after a pause until the migration ends).
+async fn importing_node(redis: &fred::clients::Client, slot: u16) -> Option<Server> {
+    let nodes: String = redis
+        .custom(
+            CustomCommand::new_static("CLUSTER", ClusterHash::Custom(slot), false),
+            vec!["NODES"],
+        )
+        .await
+        .map_err(|e| tracing::debug!(error = %e, "CLUSTER NODES failed"))
+        .ok()?;
+    let target = migrating_to(&nodes, slot)?;
+    let state = redis.cached_cluster_state()?;
+    let server = state
+        .slots()
+        .iter()
+        .find(|range| &*range.id == target)
+        .map(|range| range.primary.clone());
+    server
+}
+
+/// In `CLUSTER NODES` as its owner answers it, the id of the node `slot` migrates to: the
+/// owner's own line carries `[<slot>->-<id>]`.
+fn migrating_to(nodes: &str, slot: u16) -> Option<&str> {
+    let myself = nodes.lines().find(|line| {
+        line.split(' ')
+            .nth(2)
+            .is_some_and(|flags| flags.split(',').any(|f| f == "myself"))
+    })?;
+    let marker = format!("[{slot}->-");
+    myself
+        .split(' ')
+        .find_map(|field| field.strip_prefix(marker.as_str())?.strip_suffix(']'))
+}
+
+/// Sends `name` (an EVALSHA, or a read) with `command` as its arguments and `options`, followed by `WAIT` when `wait` is set, back to
+/// back on the same connection: the script's reply, and the number of replicas `WAIT`
+/// reported. With `asking`, all go to that node after `ASKING`, in one pipeline so that no
+/// other command can come between `ASKING` and the script.
 async fn send(
     redis: &fred::clients::Client,
     options: &Options,
-    hash: &ClusterHash,
+    name: &'static str,
+    slot: Option<u16>,
     command: Vec<Value>,
     wait: Option<Wait>,
+    asking: Option<&Server>,
 ) -> (Result<Value, FredError>, Option<Result<u32, FredError>>) {
-    let evalsha = CustomCommand::new_static("EVALSHA", hash.clone(), false);
+    // Any node when not clustered.
+    let hash = slot.map_or(ClusterHash::Random, ClusterHash::Custom);
+    let first = CustomCommand::new_static(name, hash.clone(), false);
+    let wait_command = |wait: Wait| {
+        (
+            CustomCommand::new_static("WAIT", hash.clone(), false),
+            vec![
+                Value::from(i64::from(wait.replicas)),
+                Value::from(wait.timeout.as_millis() as i64),
+            ],
+        )
+    };
+    let acked = |waited: Result<Value, FredError>| {
+        waited.and_then(|v| {
+            v.as_i64()
+                .map(|n| n.max(0) as u32)
+                .ok_or_else(|| FredError::new(ErrorKind::Parse, "WAIT replied no number"))
+        })
+    };
+    if let Some(node) = asking {
+        let options = Options {
+            cluster_node: Some(node.clone()),
+            ..options.clone()
+        };
+        let pipeline = redis.pipeline();
+        let queued = pipeline.with_options(&options);
+        let asking_command = CustomCommand::new_static("ASKING", hash.clone(), false);
+        let mut queue = vec![
+            queued.custom::<(), Value>(asking_command, vec![]).await,
+            queued.custom::<(), Value>(first, command).await,
+        ];
+        if let Some(wait) = wait {
+            let (wait_command, wait_args) = wait_command(wait);
+            queue.push(queued.custom::<(), Value>(wait_command, wait_args).await);
+        }
+        if let Some(Err(e)) = queue.into_iter().find(Result::is_err) {
+            return (Err(e), None);
+        }
+        let mut replies = pipeline.try_all::<Value>().await.into_iter();
+        let reply = match (replies.next(), replies.next()) {
+            (Some(Err(e)), _) => Err(e),
+            (Some(Ok(_)), Some(reply)) => reply,
+            _ => Err(FredError::new(
+                ErrorKind::Protocol,
+                "no reply to the script",
+            )),
+        };
+        return (
+            reply,
+            wait.map(|_| {
+                acked(replies.next().unwrap_or_else(|| {
+                    Err(FredError::new(ErrorKind::Protocol, "no reply to WAIT"))
+                }))
+            }),
+        );
+    }
     let Some(wait) = wait else {
         let reply = redis
             .with_options(options)
-            .custom::<Value, Value>(evalsha, command)
+            .custom::<Value, Value>(first, command)
             .await;
         return (reply, None);
     };
-    let wait_args = vec![
-        Value::from(i64::from(wait.replicas)),
-        Value::from(wait.timeout.as_millis() as i64),
-    ];
-    let wait_command = CustomCommand::new_static("WAIT", hash.clone(), false);
+    let (wait_command, wait_args) = wait_command(wait);
     // Both go to the router in this order (each future enqueues its command on its first
     // poll, and `join!` polls in order), so they share the node's connection back to back;
     // fred never re-sends either (one attempt), so `WAIT` cannot overtake the script.
     let client = redis.with_options(options);
     let (reply, waited) = tokio::join!(
-        client.custom::<Value, Value>(evalsha, command),
+        client.custom::<Value, Value>(first, command),
         client.custom::<Value, Value>(wait_command, wait_args),
     );
-    let acked = Some(waited.and_then(|v| {
-        v.as_i64()
-            .map(|n| n.max(0) as u32)
-            .ok_or_else(|| FredError::new(ErrorKind::Parse, "WAIT replied no number"))
-    }));
-    (reply, acked)
-}
-
-/// Where a command in `slot` goes (any node when not clustered).
-fn route(slot: Option<u16>) -> ClusterHash {
-    slot.map_or(ClusterHash::Random, ClusterHash::Custom)
-}
-
-/// Before re-sending a redirected script: while a failover settles, the nodes may briefly
-/// disagree about a slot's owner; a few re-sends, spaced a little, ride that out.
-async fn redirect_pause(resends: u32) {
-    tracing::debug!(resends, "script redirected by the cluster; re-sending");
-    if resends > 1 {
-        tokio::time::sleep(Duration::from_millis(50 * u64::from(resends))).await;
-    }
+    (reply, Some(acked(waited)))
 }
 
 /// `EVALSHA sha numkeys key... arg...` as arguments.

@@ -101,6 +101,11 @@ impl Error {
         {
             return Error::Auth(details.to_owned());
         }
+        if is_tryagain(err) {
+            // Sent again for a command timeout already: the slot's migration goes on. Not
+            // run, and transient: a release goes on being retried in the background.
+            return Error::Connection(format!("cluster slot migrating: {details}"));
+        }
         if is_redirect(err) {
             // A cluster redirection (failover, resharding) that fred was told not to follow:
             // the command did not run, and the next one goes to the slot's new owner.
@@ -158,6 +163,18 @@ pub(crate) fn is_redirect(err: &fred::error::Error) -> bool {
 /// connection found broken during a cluster resync — one that may have run.
 pub(crate) fn is_rewrite(err: &fred::error::Error) -> bool {
     err.details() == "Too many failed write attempts."
+}
+
+/// A cluster node refused a command on several keys of a slot being migrated, some of which
+/// have left and some not: it did not run, and may once the keys have all moved.
+pub(crate) fn is_tryagain(err: &fred::error::Error) -> bool {
+    err.details().starts_with("TRYAGAIN")
+}
+
+/// A blocking command (here `WAIT`) ended by the server without its answer: a failover
+/// turned the primary into a replica, or `CLIENT UNBLOCK` was sent.
+pub(crate) fn is_unblocked(err: &fred::error::Error) -> bool {
+    err.details().starts_with("UNBLOCKED")
 }
 
 /// The server's script cache lacks the script (restart, `SCRIPT FLUSH`, failover): it did

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use crate::acquire::{bounded, settle, undo_acquire, Finish};
+use crate::acquire::{bounded, settle, trim_lost, undo_acquire, Finish};
 use crate::baton::Claim;
 use crate::conn::{Conn, Failed};
 use crate::holds::{Entry, HoldOps, Lease, Loss, Registered, Turn};
@@ -52,8 +52,6 @@ struct Hold {
     lease: Lease,
     /// Where a fixed lease ends by the local clock.
     expires: Option<Instant>,
-    /// How many baton passes in a row led to this hold (0: acquired by a waiter itself).
-    passes: u32,
 }
 
 impl<K: Kind> Guard<K> {
@@ -78,17 +76,10 @@ impl<K: Kind> Guard<K> {
                 generation: registered.generation,
                 lease,
                 expires,
-                passes: 0,
             },
             extra,
             released: false,
         }
-    }
-
-    /// A guard passed to a waiter: the `passes`-th pass in a row.
-    fn passed(mut self, passes: u32) -> Self {
-        self.hold.passes = passes;
-        self
     }
 
     /// This guard, as a handle of the waiter it was passed to: the same lock, that waiter's
@@ -102,7 +93,10 @@ impl<K: Kind> Guard<K> {
     /// Releases this hold. With reentry, the lock stays held until every hold is released.
     ///
     /// Returns [`Error::NotHeld`] when the lock was lost meanwhile (expired, force-unlocked,
-    /// renewal failed): then nothing is sent, since the same owner may hold the lock anew.
+    /// renewal failed): then no release is sent, since the same owner may hold the lock anew.
+    /// (A read/write lock's hold can outlive its lease in Redis, kept alive by other holds on
+    /// its hash: what is left of the lost hold is then removed in the background, and only
+    /// that — the holds its owner took anew stay.)
     ///
     /// If Redis does not confirm the release within the command timeout, or the connection
     /// fails, the error is returned, and the release goes on in the background: it is retried
@@ -339,10 +333,15 @@ async fn release<K: Kind>(kind: K, hold: Hold) -> Result<()> {
         return Err(Error::Timeout(conn.command_timeout()));
     };
     // Forgotten first, so no renewal can outlive the release. A lost hold must not run the
-    // script: the same owner may have taken the lock again, and it would release that.
+    // script: the same owner may have taken the lock again, and it would release that. Where
+    // other holds keep the key alive past this hold's lease, what is left of the lost hold is
+    // trimmed instead (the holds taken anew stay), or it would lock others out.
     let Some(guards_left) = turn.forget_guard(hold.generation, hold.lease) else {
         if conn.is_closed() {
             return Err(Error::ShutDown);
+        }
+        if ops.shares_expiry() {
+            trim_lost(conn.clone(), turn);
         }
         return Err(Error::NotHeld {
             name: named.name().to_owned(),
@@ -352,7 +351,8 @@ async fn release<K: Kind>(kind: K, hold: Hold) -> Result<()> {
     if guards_left == 0 {
         // The hand-off latency of a waiter of this client starts here.
         client.holds.metrics().released(&named.key);
-        passing = Passing::claim(&kind, &hold).await;
+        // The run is the hold's, whichever of its guards (re-entry adds some) goes last.
+        passing = Passing::claim(&kind, &hold, turn.passes()).await;
     }
     let sent_at = Instant::now();
     let (passing, call) = match passing {
@@ -368,7 +368,7 @@ async fn release<K: Kind>(kind: K, hold: Hold) -> Result<()> {
                     // waiter gets no guard, so its hold goes as an acquire's would.
                     passing.undo(conn, ops, named.name()).await;
                 } else {
-                    passing.hand_over(&kind, sent_at, hold.passes + 1);
+                    passing.hand_over(&kind, sent_at);
                     // The next holder was just woken into this worker's next slot. Whatever
                     // the releaser does next (often another acquire, whose send wakes the
                     // connection's task) would push it out of that slot, onto the queue other
@@ -449,18 +449,20 @@ struct Passing<K: Kind> {
     field: Arc<str>,
     lease: Lease,
     extra: K::Extra,
+    /// This pass's place in the run of passes in a row.
+    passes: u32,
 }
 
 impl<K: Kind> Passing<K> {
     /// Claims the first parked waiter that can take `hold`'s lock, if the kind passes, the
-    /// client allows another pass in a row, and that waiter's turn is free (it is, unless an
-    /// abandoned attempt of its own is still finishing), with the pass script to send.
-    /// `None`: release as usual.
-    async fn claim(kind: &K, hold: &Hold) -> Option<(Passing<K>, crate::conn::Call)> {
+    /// client allows another pass after the `passes` in a row that led to the hold, and that
+    /// waiter's turn is free (it is, unless an abandoned attempt of its own is still
+    /// finishing), with the pass script to send. `None`: release as usual.
+    async fn claim(kind: &K, hold: &Hold, passes: u32) -> Option<(Passing<K>, crate::conn::Call)> {
         let named = kind.named();
         let client = &named.client;
         if !K::PASSES
-            || hold.passes >= client.config.baton_passes
+            || passes >= client.config.baton_passes
             || client.passes_refused.load(Ordering::Relaxed)
         {
             return None;
@@ -490,6 +492,7 @@ impl<K: Kind> Passing<K> {
             field,
             lease,
             extra,
+            passes: passes + 1,
         };
         Some((passing, call))
     }
@@ -497,8 +500,8 @@ impl<K: Kind> Passing<K> {
     /// The lock is the waiter's: registers its hold (with the watchdog, for a watchdog
     /// lease) and hands the guard over. A waiter that left meanwhile gets nothing: the guard
     /// is dropped, which releases the hold at once (or passes it on again).
-    fn hand_over(self, kind: &K, sent_at: Instant, passes: u32) {
-        let registered = self.turn.acquired(1, self.lease, sent_at);
+    fn hand_over(self, kind: &K, sent_at: Instant) {
+        let registered = self.turn.passed(self.lease, sent_at, self.passes);
         drop(self.turn);
         tracing::trace!(lock = %kind.named().name(), owner = %self.field, "passed");
         let guard = Guard::new(
@@ -508,8 +511,7 @@ impl<K: Kind> Passing<K> {
             self.lease,
             sent_at,
             self.extra,
-        )
-        .passed(passes);
+        );
         drop(self.claim.hand(Box::new(guard)));
     }
 

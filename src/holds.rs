@@ -70,6 +70,13 @@ pub trait HoldOps: Send + Sync + 'static {
     fn release(&self, conn: &Conn, field: &str, max: u32, keep: u32) -> Call;
     /// How the watchdog renews this kind's holds.
     fn renewal(&self) -> Renewal;
+    /// Whether a hold's key can outlive the hold's lease because other holds share the key's
+    /// expiry (a read/write lock: readers and the writer on one hash). The release of such a
+    /// hold, once lost, then removes what is left of it (see [`crate::acquire::trim_lost`]);
+    /// elsewhere the key ends with the lease, and a lost hold sends nothing.
+    fn shares_expiry(&self) -> bool {
+        false
+    }
 }
 
 /// Why a hold was lost: logged, and counted by cause in metrics.
@@ -178,6 +185,10 @@ struct State {
     /// Where the latest guard of the hold was taken (for the warning about a nested acquire
     /// outside a hold's scope).
     holder: Option<Holder>,
+    /// How many baton passes in a row led to the current generation (0: its owner took the
+    /// lock itself). Kept with the hold, not with a guard: re-entry adds guards to the same
+    /// hold, and whichever of them is released last must see the run (see [`crate::baton`]).
+    passes: u32,
 }
 
 /// The sequential context a guard was taken in: a tokio task, or a thread outside any task
@@ -323,6 +334,7 @@ impl Holds {
                 valid_until: Instant::now(),
                 lost: false,
                 holder: None,
+                passes: 0,
             }),
             turn_free: Notify::new(),
             lost_notify: Notify::new(),
@@ -557,6 +569,23 @@ impl Turn {
     /// Registers one more guard after an acquire sent at `sent_at` whose reply gave the
     /// owner's new `count` (1 for a fresh hold).
     pub(crate) fn acquired(&self, count: i64, lease: Lease, sent_at: Instant) -> Registered {
+        self.register(count, lease, sent_at, 0)
+    }
+
+    /// Registers the guard of a hold a baton pass sent at `sent_at` wrote: the `passes`-th
+    /// pass in a row.
+    pub(crate) fn passed(&self, lease: Lease, sent_at: Instant, passes: u32) -> Registered {
+        self.register(1, lease, sent_at, passes)
+    }
+
+    /// How many baton passes in a row led to the current hold.
+    pub(crate) fn passes(&self) -> u32 {
+        self.entry.state.lock().passes
+    }
+
+    /// [`acquired`](Turn::acquired); a fresh hold was reached through `passes` passes in a
+    /// row, while a re-entry keeps its hold's run.
+    fn register(&self, count: i64, lease: Lease, sent_at: Instant, passes: u32) -> Registered {
         let lease_len = lease.duration(self.holds.watchdog_lease);
         let until = sent_at
             .checked_add(lease_len)
@@ -578,6 +607,7 @@ impl Turn {
                 state.watchdog_guards = 0;
                 state.lost = false;
                 state.valid_until = until;
+                state.passes = passes;
             }
             state.guards += 1;
             state.watchdog_guards += u32::from(lease == Lease::Watchdog);

@@ -22,8 +22,9 @@
 //! may have been lost: the hub then bumps its *generation* and every waiter re-checks.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use dashmap::DashMap;
 use fred::clients::SubscriberClient;
@@ -32,6 +33,7 @@ use fred::types::{ClusterHash, CustomCommand, Value};
 use parking_lot::Mutex;
 use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::{mpsc, Notify};
+use tokio::time::Instant;
 
 use crate::baton::{Claim, Queue};
 use crate::config::PubSubMode;
@@ -40,10 +42,14 @@ use crate::config::PubSubMode;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Wake {
     /// A lock channel: `0` (unlock) wakes one waiter of each group, `1` (a read/write lock's
-    /// write-unlock) wakes all of them.
+    /// write-unlock) wakes all of them, and `-<ms>` (a read/write lock's read unlock that
+    /// brought the lock's expiry down to `ms` milliseconds) wakes all of them once `ms` have
+    /// passed: they parked until the later expiry they had read, and the lock may be free
+    /// from then on. Redisson's waiters ignore that last one (every number but 0 and 1).
     Lock,
     /// A semaphore channel: the message is a number of permits, and wakes that many waiters
-    /// of each group.
+    /// of each group. A woken waiter that cannot use the permits (it asks for more) passes
+    /// its wake-up on to the waiters that have not looked since the message.
     Permits,
 }
 
@@ -74,17 +80,28 @@ pub(crate) struct Group {
     /// yet (still busy with its attempt when the message came), so `n` wake-ups would
     /// collapse into one; they are counted here instead.
     pending: AtomicUsize,
+    /// [`Wake::Permits`]: the messages delivered so far (wrapping). A waiter notes it before
+    /// each look and takes no wake-up until it moves: what it saw is no news to it. So a
+    /// wake-up passed on by a waiter that could not use it goes to one that has not looked,
+    /// never back and forth between two that cannot use it.
+    messages: AtomicU32,
     /// The batons of its waiters that can be passed the lock (see [`crate::baton`]).
     batons: Arc<Queue>,
+    /// [`Wake::Lock`]: when the lock's lease ends, as the last `-<ms>` message said, while a
+    /// timer task waits to wake the waiters then (`None`: no news, no timer).
+    lease_end: Mutex<Option<Instant>>,
+    /// Tells that timer the end moved or was dropped.
+    lease_moved: Notify,
 }
 
 impl Group {
-    /// Parks until a message wakes this waiter.
+    /// Parks until a message wakes this waiter; `seen` is [`Group::messages`] as the waiter
+    /// noted it before it last looked ([`Wake::Permits`] only).
     ///
     /// Not an `async fn`: a parked waiter keeps this future, and as an `async fn` it would
     /// keep its arguments twice (as passed, and as bound), 8 bytes more.
     #[allow(clippy::manual_async_fn)]
-    fn wait(&self, wake: Wake) -> impl Future<Output = ()> + Send + '_ {
+    fn wait(&self, wake: Wake, seen: u32) -> impl Future<Output = ()> + Send + '_ {
         async move {
             if wake == Wake::Lock {
                 return self.notify.notified().await;
@@ -93,11 +110,40 @@ impl Group {
                 let mut notified = std::pin::pin!(self.notify.notified());
                 // Registered before the check: a wake-up counted after it notifies this one.
                 notified.as_mut().enable();
-                if self.take_pending() {
+                if self.messages.load(Ordering::Acquire) != seen && self.take_pending() {
                     return;
                 }
                 notified.await;
             }
+        }
+    }
+
+    /// Wakes every waiter: the parked ones, and one still busy with its attempt.
+    fn wake_all(&self) {
+        self.notify.notify_waiters();
+        self.notify.notify_one();
+    }
+
+    /// The lock's lease now ends `ms` from now: every waiter is woken then, by a timer task
+    /// (one per group, following later news). Waiters are not woken now: the lock is still
+    /// held, and a re-check would only read the new expiry, one round trip each.
+    fn lease_ends_in(self: &Arc<Self>, ms: u64) {
+        let Some(end) = Instant::now().checked_add(Duration::from_millis(ms)) else {
+            return;
+        };
+        let timer_idle = self.lease_end.lock().replace(end).is_none();
+        if timer_idle {
+            tokio::spawn(wake_at_lease_end(self.clone()));
+        } else {
+            self.lease_moved.notify_one();
+        }
+    }
+
+    /// Drops the news of the lease's end (the lock was released and waiters woken, or none is
+    /// left): its timer stops.
+    fn forget_lease_end(&self) {
+        if self.lease_end.lock().take().is_some() {
+            self.lease_moved.notify_one();
         }
     }
 
@@ -108,19 +154,41 @@ impl Group {
             .is_ok()
     }
 
-    /// Adds up to `n` wake-ups (capped at one per registered waiter) and notifies as many
-    /// waiters.
-    fn add_pending(&self, n: u64) {
+    /// Adds up to `n` wake-ups, capped at one per registered waiter; returns how many are
+    /// pending now.
+    fn add_pending(&self, n: u64) -> usize {
         let waiters = self.waiters.load(Ordering::Relaxed);
-        let mut added = 0;
+        let mut now = 0;
         let _ = self
             .pending
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |p| {
                 let room = waiters.max(1).saturating_sub(p) as u64;
-                added = n.min(room) as usize;
-                Some(p + added)
+                now = p + n.min(room) as usize;
+                Some(now)
             });
-        for _ in 0..added {
+        now
+    }
+
+    /// Hands a wake-up on to the next waiter that may use it.
+    fn pass_on(&self, wake: Wake) {
+        match wake {
+            Wake::Lock => self.notify.notify_one(),
+            Wake::Permits => {
+                self.add_pending(1);
+                // Every parked waiter, not the first in line: that one may have looked since
+                // the message, and would leave the wake-up to the others without telling
+                // them. Those that looked go back to sleep without a round trip.
+                self.notify.notify_waiters();
+            }
+        }
+    }
+
+    /// A message: `permits` wake-ups for the waiters, all of whom it is news to.
+    fn permits_released(&self, permits: u64) {
+        self.messages.fetch_add(1, Ordering::AcqRel);
+        let pending = self.add_pending(permits);
+        // Wake-ups left by earlier messages count too: every waiter may take one now.
+        for _ in 0..permits.min(pending as u64) {
             self.notify.notify_one();
         }
     }
@@ -180,23 +248,35 @@ impl Channel {
         match (self.wake, &*text) {
             (Wake::Lock, "0") => {
                 tracing::trace!(channel = %self.name, "unlock message: waking one waiter");
-                groups.iter().for_each(|g| g.notify.notify_one());
+                groups.iter().for_each(|g| {
+                    g.forget_lease_end();
+                    g.notify.notify_one();
+                });
             }
             (Wake::Lock, "1") => {
                 tracing::trace!(channel = %self.name, "write-unlock message: waking all waiters");
                 groups.iter().for_each(|g| {
-                    g.notify.notify_waiters();
-                    g.notify.notify_one();
+                    g.forget_lease_end();
+                    g.wake_all();
                 });
+            }
+            (Wake::Lock, news) => {
+                let Some(ms) = news.strip_prefix('-').and_then(|ms| ms.parse::<u64>().ok()) else {
+                    return;
+                };
+                tracing::trace!(channel = %self.name, ms, "the lock's expiry came closer: waking all waiters then");
+                groups.iter().for_each(|g| g.lease_ends_in(ms));
             }
             (Wake::Permits, n) => {
                 let Ok(permits) = n.parse::<u64>() else {
                     return;
                 };
+                if permits == 0 {
+                    return;
+                }
                 tracing::trace!(channel = %self.name, permits, "permits released: waking as many waiters");
-                groups.iter().for_each(|g| g.add_pending(permits));
+                groups.iter().for_each(|g| g.permits_released(permits));
             }
-            _ => {}
         }
     }
 }
@@ -239,9 +319,16 @@ impl Subscription {
         &self.channel
     }
 
-    /// Parks until a message for this waiter's key wakes it.
-    pub(crate) fn notified(&self) -> impl Future<Output = ()> + Send + '_ {
-        self.group.wait(self.channel.wake)
+    /// Parks until a message for this waiter's key wakes it; `seen` is what
+    /// [`messages`](Self::messages) said before the waiter last looked.
+    pub(crate) fn notified(&self, seen: u32) -> impl Future<Output = ()> + Send + '_ {
+        self.group.wait(self.channel.wake, seen)
+    }
+
+    /// The messages this waiter's group has had so far (wrapping): noted before each look, so
+    /// that on a [`Wake::Permits`] channel the waiter takes no wake-up about what it saw.
+    pub(crate) fn messages(&self) -> u32 {
+        self.group.messages.load(Ordering::Acquire)
     }
 
     /// The baton queue of this waiter's key.
@@ -252,10 +339,7 @@ impl Subscription {
     /// Hands a wake-up this waiter received but will not use to the next waiter.
     pub(crate) fn pass_on(&self) {
         tracing::trace!(channel = %self.channel.name, "passing a wake-up on");
-        match self.channel.wake {
-            Wake::Lock => self.group.notify.notify_one(),
-            Wake::Permits => self.group.add_pending(1),
-        }
+        self.group.pass_on(self.channel.wake);
     }
 }
 
@@ -266,6 +350,7 @@ impl Drop for Subscription {
             let left = self.group.waiters.fetch_sub(1, Ordering::Relaxed) - 1;
             if left == 0 {
                 groups.retain(|g| !Arc::ptr_eq(g, &self.group));
+                self.group.forget_lease_end();
             }
             // Wake-ups beyond the waiters left would only cause spurious re-checks.
             let _ = self
@@ -359,7 +444,10 @@ impl Hub {
                         waiters: AtomicUsize::new(0),
                         notify: Notify::new(),
                         pending: AtomicUsize::new(0),
+                        messages: AtomicU32::new(0),
                         batons: Arc::default(),
+                        lease_end: Mutex::new(None),
+                        lease_moved: Notify::new(),
                     });
                     groups.push(group.clone());
                     group
@@ -447,12 +535,25 @@ impl Hub {
             PubSubMode::Sharded => {
                 // One at a time: a multi-channel SSUBSCRIBE must stay within one slot.
                 for name in names {
-                    match self.subscriber.ssubscribe(name.clone()).await {
-                        // Redirected (the slot moved): fred re-read the slot map; once more.
-                        Err(e) if crate::error::is_redirect(&e) => {
-                            self.subscriber.ssubscribe(name).await?
+                    let mut tries = 0;
+                    loop {
+                        tries += 1;
+                        match self.subscriber.ssubscribe(name.clone()).await {
+                            // Redirected: the slot moved or is moving (fred, told to follow
+                            // no redirection, answers either error, seen during migrations)
+                            // and re-read the slot map. Subscribing twice does no harm: again,
+                            // a few times while a migration settles, or waiters would wait for
+                            // the lease.
+                            Err(e)
+                                if tries < SUBSCRIBE_TRIES
+                                    && (crate::error::is_redirect(&e)
+                                        || crate::error::is_rewrite(&e)) =>
+                            {
+                                tokio::time::sleep(std::time::Duration::from_millis(20 * tries))
+                                    .await;
+                            }
+                            other => break other?,
                         }
-                        other => other?,
                     }
                 }
                 Ok(())
@@ -486,21 +587,17 @@ impl Hub {
         }
     }
 
-    /// The primaries currently serving the shard channels' slots (sharded mode on a cluster).
-    fn shard_owners(&self) -> Vec<Option<fred::types::config::Server>> {
-        let Some(state) = self.subscriber.cached_cluster_state() else {
-            return Vec::new();
-        };
-        let mut names: Vec<Arc<str>> = self.channels.iter().map(|s| s.key().clone()).collect();
-        names.sort();
-        names
-            .iter()
-            .map(|n| {
-                state
-                    .get_server(fred::util::redis_keyslot(n.as_bytes()))
-                    .cloned()
-            })
-            .collect()
+    /// Whether a subscribed shard channel's slot is served by another primary in `now` than in
+    /// `before`.
+    fn shard_moved(
+        &self,
+        before: &fred::types::cluster::ClusterRouting,
+        now: &fred::types::cluster::ClusterRouting,
+    ) -> bool {
+        self.channels.iter().any(|channel| {
+            let slot = fred::util::redis_keyslot(channel.key().as_bytes());
+            before.get_server(slot) != now.get_server(slot)
+        })
     }
 }
 
@@ -510,7 +607,13 @@ impl Hub {
 /// the slot map every `SHARD_SCAN` (Redisson scans its cluster topology periodically too) and
 /// resubscribe, waking every waiter, when the owner of a subscribed slot changed.
 async fn follow_shards(hub: std::sync::Weak<Hub>) {
-    let mut last = Vec::new();
+    // The slot map as of the last look: every subscription since was sent with it or a newer
+    // one, so a slot whose owner differs now may have lost its subscriptions. (Comparing owners
+    // at the last look with owners now for the channels of both looks missed a channel
+    // subscribed between two looks, on a node that lost its slot before the second.)
+    let mut last = hub
+        .upgrade()
+        .and_then(|hub| hub.subscriber.cached_cluster_state());
     loop {
         tokio::time::sleep(SHARD_SCAN).await;
         let Some(hub) = hub.upgrade() else { break };
@@ -518,21 +621,49 @@ async fn follow_shards(hub: std::sync::Weak<Hub>) {
             break;
         }
         if hub.channels.is_empty() {
-            last.clear();
             continue;
         }
         if let Err(e) = hub.subscriber.sync_cluster().await {
             tracing::debug!(error = %e, "cluster slot map refresh failed");
             continue;
         }
-        let owners = hub.shard_owners();
-        if !last.is_empty() && owners != last {
-            tracing::info!("a subscribed slot moved to another node; resubscribing");
-            resubscribe(&hub).await;
+        let now = hub.subscriber.cached_cluster_state();
+        if let (Some(before), Some(now)) = (&last, &now) {
+            if hub.shard_moved(before, now) {
+                tracing::info!("a subscribed slot moved to another node; resubscribing");
+                resubscribe(&hub).await;
+            }
         }
-        last = owners;
+        last = now;
     }
 }
+
+/// Wakes `group`'s waiters when the lock's lease ends by the latest news; stops when the news
+/// is dropped.
+async fn wake_at_lease_end(group: Arc<Group>) {
+    loop {
+        // Made before the end is read: news that comes after is not missed.
+        let moved = group.lease_moved.notified();
+        let Some(end) = *group.lease_end.lock() else {
+            return;
+        };
+        tokio::select! {
+            _ = tokio::time::sleep_until(end) => {}
+            _ = moved => continue,
+        }
+        let mut lease_end = group.lease_end.lock();
+        if *lease_end == Some(end) {
+            *lease_end = None;
+            drop(lease_end);
+            tracing::trace!(key = %group.key, "the lock's lease ended: waking all waiters");
+            group.wake_all();
+            return;
+        }
+    }
+}
+
+/// How many times a shard subscription is sent while the cluster redirects it.
+const SUBSCRIBE_TRIES: u64 = 5;
 
 /// How often the hub re-reads a cluster's slot map while shard channels are subscribed.
 const SHARD_SCAN: std::time::Duration = std::time::Duration::from_secs(1);
@@ -687,21 +818,26 @@ async fn resubscribe(hub: &Hub) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
 
     fn permits_channel(waiters: usize) -> (Channel, Arc<Group>) {
+        test_channel(Wake::Permits, waiters)
+    }
+
+    fn test_channel(wake: Wake, waiters: usize) -> (Channel, Arc<Group>) {
         let group = Arc::new(Group {
             key: "sem".into(),
             waiters: AtomicUsize::new(waiters),
             notify: Notify::new(),
             pending: AtomicUsize::new(0),
+            messages: AtomicU32::new(0),
             batons: Arc::default(),
+            lease_end: Mutex::new(None),
+            lease_moved: Notify::new(),
         });
         let channel = Channel {
             name: "redisson_sc:{sem}".into(),
-            wake: Wake::Permits,
+            wake,
             confirmed: AtomicBool::new(true),
             confirm: Notify::new(),
             refused: Mutex::new(None),
@@ -710,8 +846,15 @@ mod tests {
         (channel, group)
     }
 
+    /// What a waiter that has not looked since it registered passes as `seen`.
+    const NEVER_LOOKED: u32 = u32::MAX;
+
     async fn woken(group: &Group, within: Duration) -> bool {
-        tokio::time::timeout(within, group.wait(Wake::Permits))
+        woken_after(group, NEVER_LOOKED, within).await
+    }
+
+    async fn woken_after(group: &Group, seen: u32, within: Duration) -> bool {
+        tokio::time::timeout(within, group.wait(Wake::Permits, seen))
             .await
             .is_ok()
     }
@@ -741,7 +884,7 @@ mod tests {
         for i in 0..5 {
             let (group, tx) = (group.clone(), tx.clone());
             tokio::spawn(async move {
-                group.wait(Wake::Permits).await;
+                group.wait(Wake::Permits, NEVER_LOOKED).await;
                 let _ = tx.send(i);
             });
         }
@@ -775,5 +918,100 @@ mod tests {
                 .unwrap();
         }
         assert!(group.pending.load(Ordering::Relaxed) <= 5);
+    }
+
+    /// Waiters of a lock channel, each counting its wake-ups and parking again.
+    fn lock_waiters(group: &Arc<Group>, n: usize) -> Arc<AtomicUsize> {
+        let woken = Arc::new(AtomicUsize::new(0));
+        for _ in 0..n {
+            let (group, woken) = (group.clone(), woken.clone());
+            tokio::spawn(async move {
+                loop {
+                    group.wait(Wake::Lock, NEVER_LOOKED).await;
+                    woken.fetch_add(1, Ordering::SeqCst);
+                }
+            });
+        }
+        woken
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_closer_expiry_wakes_every_lock_waiter_when_it_comes() {
+        let (channel, group) = test_channel(Wake::Lock, 3);
+        let woken = lock_waiters(&group, 3);
+        tokio::task::yield_now().await;
+        channel.deliver(&Value::from("-1000"));
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        assert_eq!(woken.load(Ordering::SeqCst), 0, "not before the lease ends");
+        // Later news wins, here a later end (a reader came in meanwhile, then left).
+        channel.deliver(&Value::from("-500"));
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert_eq!(woken.load(Ordering::SeqCst), 0, "the end moved to 1.4 s");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        // All three, plus the wake-up kept for a waiter still busy with its attempt.
+        assert_eq!(
+            woken.load(Ordering::SeqCst),
+            4,
+            "every waiter, once the lease ended"
+        );
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(woken.load(Ordering::SeqCst), 4, "once");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_release_drops_the_news_of_the_expiry() {
+        let (channel, group) = test_channel(Wake::Lock, 2);
+        let woken = lock_waiters(&group, 2);
+        tokio::task::yield_now().await;
+        channel.deliver(&Value::from("-1000"));
+        channel.deliver(&Value::from("0"));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(woken.load(Ordering::SeqCst), 1, "the unlock woke one");
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(
+            woken.load(Ordering::SeqCst),
+            1,
+            "no wake-up at the end of a lease that was released"
+        );
+        // Messages that are neither 0, 1 nor a negative number wake nobody, now or later.
+        for message in ["2", "-x", "-", "x"] {
+            channel.deliver(&Value::from(message));
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(woken.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_wake_up_passed_on_reaches_a_waiter_that_has_not_looked_and_then_stops() {
+        // a parks, then b; "1" wakes a (first in line). a looks, cannot use the permit and
+        // passes the wake-up on: b, who has not looked, must get it, and a must not take it
+        // back. Once b has looked and passed it on too, nobody is woken: no ping-pong.
+        let (channel, group) = permits_channel(2);
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        for name in ["a", "b"] {
+            let (group, tx) = (group.clone(), tx.clone());
+            tokio::spawn(async move {
+                group.wait(Wake::Permits, NEVER_LOOKED).await;
+                let _ = tx.send(name);
+            });
+            tokio::task::yield_now().await;
+        }
+        channel.deliver(&Value::from("1"));
+        let first = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await;
+        assert_eq!(first.expect("woken").unwrap(), "a");
+        let looked = group.messages.load(Ordering::Acquire);
+        group.pass_on(Wake::Permits);
+        assert!(
+            !woken_after(&group, looked, Duration::from_millis(100)).await,
+            "a took back the wake-up it passed on"
+        );
+        let second = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await;
+        assert_eq!(second.expect("b got the wake-up").unwrap(), "b");
+        group.pass_on(Wake::Permits);
+        assert!(!woken_after(&group, looked, Duration::from_millis(100)).await);
+        // A new message is news to both.
+        channel.deliver(&Value::from("2"));
+        assert!(woken_after(&group, looked, Duration::from_secs(5)).await);
+        assert!(woken_after(&group, looked, Duration::from_secs(5)).await);
     }
 }

@@ -332,10 +332,16 @@ impl LeasedSemaphore {
     /// Adds `delta` free permits (a negative `delta` removes free ones; the count may go
     /// below zero). Creates the semaphore if it has no count yet. Clears any expiry set on
     /// the key, as Redisson does.
+    ///
+    /// Refused with [`Error::InvalidArgument`], nothing changed, when the free permits would
+    /// go below `i32::MIN`, or they and the permits taken (each comes back to the count)
+    /// above [`MAX_PERMITS`](crate::MAX_PERMITS): a Redisson peer reads the count as a Java
+    /// `int`.
     pub async fn add_permits(&self, delta: i64) -> Result<()> {
         let inner = &self.inner;
         inner.named.check()?;
-        add_permits(&inner.named, &inner.counter, &inner.channel, delta, "delta").await
+        let taken = Some(&*inner.named.key);
+        add_permits(&inner.named, &inner.counter, &inner.channel, delta, taken).await
     }
 
     /// The number of free permits now, after reclaiming every permit whose lease ended (0

@@ -5,7 +5,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fred::interfaces::KeysInterface;
 use fred::types::Value;
 
 use crate::acquire::{bounded, traced, wait_for, Attempts, Finish, Try};
@@ -27,7 +26,10 @@ pub(crate) static SCRIPTS: &[&LuaScript] = &[&ACQUIRE, &RELEASE, &SET_PERMITS, &
 pub(crate) const CHANNEL_PREFIX: &str = "redisson_sc";
 
 /// The most permits one call takes, gives back or sets: Redisson counts permits in a Java
-/// `int`, so a larger number could not be shared with it.
+/// `int`, so a larger number could not be shared with it. For the same reason a release or
+/// [`add_permits`](Semaphore::add_permits) that would take the count of free permits above
+/// this (or `add_permits` below `i32::MIN`) is refused with [`Error::InvalidArgument`], and
+/// nothing changes.
 pub const MAX_PERMITS: u32 = i32::MAX as u32;
 
 /// How long a semaphore waiter trusts the channel before it looks again by itself, unless
@@ -57,7 +59,10 @@ pub const MAX_RECHECK_INTERVAL: Duration = Duration::from_secs(3600);
 /// A waiter that finds too few permits subscribes to the semaphore's channel through the
 /// client's shared subscriber, looks once more, and parks. Every release publishes the new
 /// number of free permits; a message `n` wakes up to `n` of the waiters of each process
-/// (not one, not all), which each try again; there is no queue and no fairness, so a large
+/// (not one, not all), which each try again. A woken waiter that asks for more permits than
+/// are free passes its wake-up on to the waiters of its process that have not looked since
+/// the message, so the permits reach a smaller request parked behind a larger one; each
+/// waiter looks at most once per message. There is no queue and no fairness, so a large
 /// request can starve behind small ones. Unlike Redisson's `acquire()`, which waits on
 /// pub/sub alone and hangs when a message is lost, a parked waiter also looks again by
 /// itself every [`DEFAULT_RECHECK_INTERVAL`] (5 s; see
@@ -162,10 +167,13 @@ impl Semaphore {
     /// Adds `delta` free permits (a negative `delta` removes some; the count may go below
     /// zero, and then acquires wait until releases bring it back up). Creates the semaphore if
     /// it has no count yet. Clears any expiry set on the key, as Redisson does.
+    ///
+    /// Refused with [`Error::InvalidArgument`], nothing changed, when the count would leave
+    /// the range of a Java `int` (a Redisson peer could not read it).
     pub async fn add_permits(&self, delta: i64) -> Result<()> {
         let named = &self.inner.named;
         named.check()?;
-        add_permits(named, &named.key, &self.inner.channel, delta, "count").await
+        add_permits(named, &named.key, &self.inner.channel, delta, None).await
     }
 
     /// The number of free permits now (0 when the semaphore has no count yet; negative after
@@ -176,8 +184,7 @@ impl Semaphore {
         let value: Option<String> = named
             .client
             .conn
-            .redis()
-            .get(&*named.key)
+            .read("GET", &named.key, vec![])
             .await
             .map_err(|e| named.error(&e))?;
         parse_count(named, value)
@@ -221,7 +228,8 @@ impl Semaphore {
     /// Gives `permits` permits back and wakes as many waiters. `0` does nothing.
     ///
     /// Anyone may release, whether or not it acquired: releasing more than was taken raises
-    /// the number of permits for good.
+    /// the number of permits for good — up to [`MAX_PERMITS`] free: a release past it is
+    /// refused with [`Error::InvalidArgument`], nothing changed.
     ///
     /// # Cancel safety
     ///
@@ -308,14 +316,16 @@ pub(crate) async fn set_permits(
     Ok(set == 1)
 }
 
-/// `addPermits` on the counter `counter`, shared by both semaphores; `message` is `"count"`
-/// (the new count is published) or `"delta"`.
+/// `addPermits` on the counter `counter`, shared by both semaphores. `leased` is a leased
+/// semaphore's sorted set of taken permits: they count towards the limit (each comes back
+/// to the counter), and its messages carry the delta rather than the new count, as
+/// Redisson's `RPermitExpirableSemaphore` does.
 pub(crate) async fn add_permits(
     named: &Named,
     counter: &str,
     channel: &str,
     delta: i64,
-    message: &'static str,
+    leased: Option<&str>,
 ) -> Result<()> {
     if delta.unsigned_abs() > u64::from(MAX_PERMITS) {
         return Err(Error::InvalidArgument(format!(
@@ -326,17 +336,34 @@ pub(crate) async fn add_permits(
         return Ok(());
     }
     let conn = &named.client.conn;
+    let message = if leased.is_some() { "delta" } else { "count" };
     let args = vec![
         Value::from(delta),
         Value::from(conn.publish_command()),
         Value::from(message),
     ];
+    let mut keys = vec![counter, channel];
+    keys.extend(leased);
     // A counted call, never re-sent blind: a second run would add twice.
-    let call = conn.call(&ADD_PERMITS, &[counter, channel], args);
-    bounded(call, conn)
+    let call = conn.call(&ADD_PERMITS, &keys, args);
+    let reply = bounded(call, conn)
         .await
-        .map(drop)
-        .map_err(|failed| failed.to_error(conn, named.name()))
+        .map_err(|failed| failed.to_error(conn, named.name()))?;
+    match reply {
+        Value::Null => Err(out_of_range(named, &format!("adding {delta} permits"))),
+        _ => Ok(()),
+    }
+}
+
+/// The refusal of a change that would take a semaphore's count where a Redisson peer could
+/// not read it (it reads the count as a Java `int`).
+fn out_of_range(named: &Named, change: &str) -> Error {
+    Error::InvalidArgument(format!(
+        "{change} would take the permits of semaphore {:?} out of the range {} to {MAX_PERMITS} \
+         a Redisson peer reads; nothing changed",
+        named.name(),
+        i32::MIN
+    ))
 }
 
 /// Permits taken by an acquire round trip: given back when dropped unless kept — so a round
@@ -380,6 +407,7 @@ async fn give_back(inner: Arc<Inner>, permits: u32) -> Result<i64> {
     ];
     let call = conn.call(&RELEASE, &[&named.key, &inner.channel], args);
     match bounded(call, conn).await {
+        Ok(Value::Null) => Err(out_of_range(named, &format!("releasing {permits} permits"))),
         Ok(reply) => reply.as_i64().ok_or_else(|| {
             Error::Redis(format!("unexpected release reply for {:?}", named.name()))
         }),
@@ -462,6 +490,7 @@ async fn take(inner: Arc<Inner>, permits: u32, recheck_ms: u64) -> Result<Try<Ta
             kept: false,
         })),
         Some(0) => Ok(Try::Busy(recheck_ms)),
+        Some(-1) => Ok(Try::TooFew(recheck_ms)),
         _ => Err(Error::Redis(format!(
             "unexpected acquire reply for {:?}",
             named.name()

@@ -4,6 +4,7 @@
 mod support;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -510,4 +511,164 @@ async fn passes_racing_shutdown_leave_nothing_held() {
         leaked.extend(support::still_held(&raw, names).await);
     }
     assert!(leaked.is_empty(), "left held after shutdown: {leaked:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passes_in_a_row_stay_bounded_when_tasks_reenter() {
+    const LIMIT: usize = 4;
+    const TASKS: usize = 4;
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let other = client(&server, LIMIT as u32).await;
+    let client = client(&server, LIMIT as u32).await;
+    let lock = client.lock("baton:reentered");
+    let served = Arc::new(AtomicBool::new(false));
+    // Per hold, in the order of the holds: the unlock messages published before it. A hold
+    // taken after an ordinary release sees one more than the hold before it; a hold passed
+    // to it sees the same number.
+    let published = Arc::new(Mutex::new(Vec::new()));
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|_| {
+            let (lock, raw) = (lock.clone(), raw.clone());
+            let (served, published) = (served.clone(), published.clone());
+            tokio::spawn(async move {
+                let mut rounds = 0;
+                while rounds < 50 || !served.load(Ordering::Relaxed) {
+                    let outer = lock.lock().await.unwrap();
+                    // The same task again: it re-enters, and this second hold goes last.
+                    let inner = lock.lock().await.unwrap();
+                    let messages = calls(&raw, "publish").await;
+                    published.lock().push(messages);
+                    outer.unlock().await.unwrap();
+                    inner.unlock().await.unwrap();
+                    rounds += 1;
+                }
+            })
+        })
+        .collect();
+    assert!(
+        eventually(BOUND, || async { published.lock().len() >= 20 }).await,
+        "the tasks took turns"
+    );
+    // Another client polling without subscribing (a Redisson tryLock(0) loop, or a waiter
+    // subscribed through another node of a cluster): only an ordinary release serves it.
+    let foreign = other.lock("baton:reentered");
+    let foreign_served = tokio::time::timeout(BOUND, async {
+        loop {
+            if let Some(guard) = foreign.try_lock().await.unwrap() {
+                guard.unlock().await.unwrap();
+                break;
+            }
+        }
+    })
+    .await
+    .is_ok();
+    served.store(true, Ordering::Relaxed);
+    for task in tasks {
+        joined(task).await;
+    }
+
+    let published = published.lock().clone();
+    // A run of equal counts: one hold, then the holds passed on from it.
+    let longest = published.chunk_by(|a, b| a == b).map(<[u64]>::len).max();
+    let passes = longest.unwrap() - 1;
+    let ordinary = published.last().unwrap() - published.first().unwrap();
+    assert!(
+        passes <= LIMIT,
+        "{passes} passes in a row with a limit of {LIMIT} ({} holds, {ordinary} ordinary releases)",
+        published.len()
+    );
+    assert!(
+        foreign_served,
+        "another client never got the lock in {BOUND:?}"
+    );
+    client.shutdown().await.unwrap();
+    other.shutdown().await.unwrap();
+}
+
+/// Pauses every write on the server (scripts included; reads still run) for `ms`.
+async fn pause_writes(raw: &fred::clients::Client, ms: u64) {
+    let pause = vec!["PAUSE".into(), ms.to_string(), "WRITE".into()];
+    command(raw, "CLIENT", pause).await;
+}
+
+/// A client with a 2 s command timeout: a call is awaited 8 s (four of them) before its
+/// outcome counts as unknown.
+async fn client_with_2s_timeout(server: &RedisServer) -> Client {
+    Client::builder()
+        .url(server.url())
+        .command_timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claimed_waiter_leaves_at_its_deadline_and_the_pass_is_released() {
+    const WAIT: Duration = Duration::from_secs(2);
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let client = client_with_2s_timeout(&server).await;
+    let lock = client.lock("baton:deadline");
+    let held = lock.lock().await.unwrap();
+    let waiting = {
+        let lock = lock.clone();
+        tokio::spawn(async move {
+            let start = tokio::time::Instant::now();
+            let got = lock.try_lock_for(WAIT).await;
+            (got, start.elapsed())
+        })
+    };
+    parked(&lock, 1).await;
+    // Until the UNPAUSE below: the pass to the waiter stays in flight past its deadline.
+    pause_writes(&raw, 60_000).await;
+    let release = tokio::spawn(held.unlock());
+    parked(&lock, 0).await;
+
+    let (got, waited) = tokio::time::timeout(BOUND, waiting)
+        .await
+        .expect("the waiter left")
+        .unwrap();
+    assert!(matches!(got, Ok(None)), "{got:?}");
+    assert!(
+        waited < WAIT + Duration::from_secs(3),
+        "left at its {WAIT:?} deadline, not with the pass's outcome: {waited:?}"
+    );
+    command(&raw, "CLIENT", vec!["UNPAUSE".into()]).await;
+    // Its reply came after the command timeout; the round trip finished in the background.
+    drop(release.await.unwrap());
+    assert!(
+        freed_well_before_its_lease(&lock).await,
+        "the hold passed to the waiter that left was released, not left to its lease"
+    );
+    client.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_racing_a_stalled_pass_leaves_nothing_held() {
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let client = client_with_2s_timeout(&server).await;
+    let lock = client.lock("baton:stalled-shutdown");
+    let held = lock.lock().await.unwrap();
+    let next = {
+        let lock = lock.clone();
+        tokio::spawn(async move { lock.lock().await })
+    };
+    parked(&lock, 1).await;
+    // Shorter than a call is awaited, so the pass runs and its reply is heard; longer than
+    // the command timeout.
+    pause_writes(&raw, 5_000).await;
+    let release = tokio::spawn(held.unlock());
+    parked(&lock, 0).await;
+
+    client.shutdown().await.unwrap();
+    let left = joined(next).await;
+    assert!(matches!(left, Err(Error::ShutDown)), "{left:?}");
+    drop(release.await.unwrap());
+    assert_eq!(
+        support::still_held(&raw, ["baton:stalled-shutdown".to_owned()]).await,
+        Vec::<String>::new(),
+        "the hold the pass wrote was released, not left to its 30 s lease"
+    );
 }

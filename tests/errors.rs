@@ -72,10 +72,6 @@ fn slot(key: &str) -> u16 {
     fred::util::redis_keyslot(key.as_bytes())
 }
 
-fn node_id(port: u16) -> String {
-    cli(port, &["cluster", "myid"]).trim().to_owned()
-}
-
 /// Appends ARGV[1] to the list KEYS[1]: which calls ran is in the list.
 const LOG_SCRIPT: &str = "redis.call('rpush', KEYS[1], ARGV[1]) return 1";
 
@@ -236,37 +232,13 @@ fn cluster_with_a_slot_to_move(key: &str) -> (RedisCluster, u16, u16) {
     (cluster, from, to)
 }
 
-/// Sets `key`'s slot migrating from `from` to `to`, as a resharding does first: `from`
-/// answers ASK for every key of the slot it does not have.
-fn start_migrating(key: &str, from: u16, to: u16) {
-    let s = slot(key).to_string();
-    assert!(cli(to, &["cluster", "setslot", &s, "importing", &node_id(from)]).contains("OK"));
-    assert!(cli(from, &["cluster", "setslot", &s, "migrating", &node_id(to)]).contains("OK"));
-}
-
-/// Moves `keys` (of a migrating slot) from `from` to `to`.
-fn migrate_keys(from: u16, to: u16, keys: &[&str]) {
-    let port = to.to_string();
-    let mut args = vec!["migrate", "127.0.0.1", &port, "", "0", "5000", "keys"];
-    args.extend_from_slice(keys);
-    assert!(cli(from, &args).contains("OK"), "MIGRATE");
-}
-
-/// Assigns `key`'s slot to `to` on every node, which ends the migration.
-fn finish_migration(cluster: &RedisCluster, key: &str, to: u16) {
-    let s = slot(key).to_string();
-    for node in &cluster.nodes {
-        assert!(cli(node.port, &["cluster", "setslot", &s, "node", &node_id(to)]).contains("OK"));
-    }
-}
-
-/// Moves `key`'s slot, with `keys`, from `from` to `to` in one go.
+/// Moves `key`'s slot, with its keys when `keys` is not empty, from `from` to `to` in one go.
 fn move_slot(cluster: &RedisCluster, key: &str, from: u16, to: u16, keys: &[&str]) {
-    start_migrating(key, from, to);
+    cluster.begin_migration(slot(key), from, to);
     if !keys.is_empty() {
-        migrate_keys(from, to, keys);
+        cluster.move_keys(slot(key), from, to);
     }
-    finish_migration(cluster, key, to);
+    cluster.finish_migration(slot(key), from, to);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -305,7 +277,7 @@ async fn an_ask_ends_freds_router_when_one_write_attempt_is_allowed() {
     let client = connected(&with_redirections(&cluster.url(), 5)).await;
     let script = Script::from_lua(LOG_SCRIPT);
     script.load(&client).await.unwrap();
-    start_migrating(key, from, to);
+    cluster.begin_migration(slot(key), from, to);
 
     // `from` does not have the key: it answers ASK. fred 10.1 (`process_ask`) sends ASKING
     // only while write attempts remain; with none left it fails the command — and returns
@@ -330,7 +302,7 @@ async fn an_ask_ends_freds_router_when_one_write_attempt_is_allowed() {
     }
     assert_eq!(client.state(), ClientState::Connected);
     // The ASKed call did not run: finish the move and look on the slot's new owner.
-    finish_migration(&cluster, key, to);
+    cluster.finish_migration(slot(key), from, to);
     assert!(ran(to, key).is_empty(), "{:?}", ran(to, key));
     // Not even the settled slot map brings it back.
     let reply: Result<i64, _> = script.evalsha(&client, key, "settled").await;
@@ -348,15 +320,15 @@ async fn with_no_redirections_allowed_moved_and_ask_fail_cleanly_and_did_not_run
     let _: i64 = script.evalsha(&client, key, "before").await.unwrap();
     let redirected = Err((ErrorKind::Routing, "Too many redirections.".to_owned()));
 
-    start_migrating(key, from, to);
+    cluster.begin_migration(slot(key), from, to);
     let missing = "{zero}:missing";
     let asked: Result<i64, _> = script.evalsha(&client, missing, "asked").await;
     assert_eq!(asked.map_err(|e| parts(&e)), redirected);
     // The router lives on.
     let _: i64 = script.evalsha(&client, key, "still").await.unwrap();
 
-    migrate_keys(from, to, &[key]);
-    finish_migration(&cluster, key, to);
+    cluster.move_keys(slot(key), from, to);
+    cluster.finish_migration(slot(key), from, to);
     let moved: Result<i64, _> = script.evalsha(&client, key, "moved").await;
     assert_eq!(moved.map_err(|e| parts(&e)), redirected);
     let _: i64 = script.evalsha(&client, key, "after").await.unwrap();
@@ -422,15 +394,15 @@ async fn a_lock_on_a_migrating_slot_leaves_the_client_working() {
         .connect()
         .await
         .unwrap();
-    start_migrating(name, from, to);
-    // `from` answers ASK: the lock is not there (nobody holds it). The call may fail
-    // (transiently); the client must not.
-    let during = client.lock(name).try_lock().await;
-    eprintln!("during the migration: {during:?}");
-    if let Ok(Some(guard)) = during {
-        guard.unlock().await.unwrap();
-    }
-    finish_migration(&cluster, name, to);
+    cluster.begin_migration(slot(name), from, to);
+    // `from` answers ASK: the lock is not there (nobody holds it). The call follows it to
+    // `to`, behind `ASKING`.
+    let guard = client.lock(name).try_lock().await.unwrap().expect("free");
+    // Its release names the lock's channel, a key that never exists, among its keys: `to`
+    // refuses it (TRYAGAIN) while the migration is open, and it is sent again until it ends.
+    let releasing = tokio::spawn(guard.unlock());
+    cluster.finish_migration(slot(name), from, to);
+    releasing.await.unwrap().unwrap();
     let works = eventually(Duration::from_secs(10), || async {
         match client.lock("migrating:{unrelated}").try_lock().await {
             Ok(Some(guard)) => guard.unlock().await.is_ok(),
@@ -536,4 +508,62 @@ async fn fred_says_too_many_failed_write_attempts_for_a_script_that_ran() {
     // Redirected; its text depends on `max_redirections` (see above).
     assert!(moved.is_err(), "{moved:?}");
     let _ = client.quit().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// A `WAIT` the server ends early
+
+/// A `WAIT` ended by the server (a failover demoting the primary answers it with `UNBLOCKED
+/// force unblock…`; `CLIENT UNBLOCK … ERROR` gives the same `UNBLOCKED` error on a lone
+/// server) counts as unacknowledged, as one that timed out: the acquire is undone and retried
+/// within its wait, never a hard `Error::Redis`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unblocked_wait_counts_as_unacknowledged() {
+    let server = RedisServer::start();
+    let client = redbaton::Client::builder()
+        .url(server.url())
+        .replica_sync(redbaton::ReplicaSync::Replicas {
+            min: 1,
+            timeout: Duration::from_secs(20),
+        })
+        .command_timeout(Duration::from_secs(30))
+        .connect()
+        .await
+        .unwrap();
+    let lock = client.lock("unblocked");
+    let acquiring = tokio::spawn(async move { lock.try_lock_for(Duration::from_secs(3)).await });
+    // Every `WAIT` the lock sends (no replica will ever acknowledge) is ended by the server.
+    let port = server.port;
+    let mut unblocked = 0;
+    while !acquiring.is_finished() {
+        let clients = support::cluster::cli(port, &["client", "list"]);
+        for id in clients
+            .lines()
+            .filter(|l| l.contains("cmd=wait"))
+            .filter_map(|l| l.split(' ').find_map(|f| f.strip_prefix("id=")))
+        {
+            if cli(port, &["client", "unblock", id, "error"]).trim() == "1" {
+                unblocked += 1;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let outcome = acquiring.await.unwrap();
+    assert!(unblocked >= 1, "no WAIT was unblocked ({outcome:?})");
+    assert!(
+        matches!(
+            outcome,
+            Ok(None) | Err(redbaton::Error::NotReplicated { .. } | redbaton::Error::Timeout(_))
+        ),
+        "{outcome:?}"
+    );
+    // The unacknowledged acquires were undone.
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            cli(port, &["exists", "unblocked"]).trim() == "0"
+        })
+        .await,
+        "an unacknowledged acquire was left held"
+    );
+    client.shutdown().await.unwrap();
 }

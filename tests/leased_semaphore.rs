@@ -508,6 +508,45 @@ async fn cancelled_acquires_and_dropped_permits_leave_nothing_taken() {
 }
 
 #[tokio::test]
+async fn a_count_a_redisson_peer_could_not_read_is_refused() {
+    // Redisson reads the counter as a Java int, and every taken permit comes back to it: no
+    // call may let free and taken permits together leave that range.
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let client = client(&server.url()).await;
+    let sem = client.leased_semaphore("range");
+    let max = i64::from(redbaton::MAX_PERMITS);
+    let refused = |r: Result<(), Error>| {
+        matches!(&r, Err(Error::InvalidArgument(m)) if m.contains("2147483647")) || {
+            eprintln!("not refused: {r:?}");
+            false
+        }
+    };
+    assert!(sem.try_set_permits(1).await.unwrap());
+    let permit = sem.try_acquire().await.unwrap().expect("one free");
+    assert!(
+        refused(sem.add_permits(max).await),
+        "its release would take the count past the top"
+    );
+    assert_eq!(get(&raw, "range").await.as_deref(), Some("0"), "unchanged");
+    sem.add_permits(max - 1).await.unwrap();
+    permit.release().await.unwrap();
+    assert_eq!(sem.available_permits().await.unwrap(), max);
+    assert!(refused(sem.add_permits(1).await), "add past the top");
+
+    sem.add_permits(-max).await.unwrap();
+    sem.add_permits(-max).await.unwrap();
+    sem.add_permits(-1).await.unwrap();
+    assert!(refused(sem.add_permits(-1).await), "add past the bottom");
+    assert_eq!(
+        get(&raw, "range").await.as_deref(),
+        Some("-2147483648"),
+        "unchanged"
+    );
+    client.shutdown().await.unwrap();
+}
+
+#[tokio::test]
 async fn bad_input_and_keys_of_other_types_are_refused() {
     let server = RedisServer::start();
     let raw = server.raw().await;

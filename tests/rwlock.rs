@@ -57,6 +57,17 @@ async fn next_message(messages: &mut broadcast::Receiver<Message>) -> String {
     message.value.as_string().unwrap()
 }
 
+/// The next release message (`0` or `1`), past news of a closer expiry (`-<ms>`: the other
+/// reader's unlock may bring the expiry down by a few milliseconds).
+async fn next_release(messages: &mut broadcast::Receiver<Message>) -> String {
+    loop {
+        let message = next_message(messages).await;
+        if !message.starts_with('-') {
+            return message;
+        }
+    }
+}
+
 async fn fields(raw: &fred::clients::Client, key: &str) -> HashMap<String, String> {
     raw.hgetall(key).await.unwrap()
 }
@@ -393,8 +404,10 @@ async fn a_writer_may_read_and_keeps_reading_after_its_write_unlock() {
     assert!(write_refused, "writers do not");
     r.unlock().await.unwrap();
     assert!(!exists(&raw, "downgrade").await);
-    // The downgrade published nothing: the first message is the last read unlock's.
-    assert_eq!(next_message(&mut messages).await, "0");
+    // The downgrade woke every waiter (readers may enter; Redisson publishes nothing there),
+    // then the last read unlock freed the lock.
+    assert_eq!(next_release(&mut messages).await, "1");
+    assert_eq!(next_release(&mut messages).await, "0");
     client.shutdown().await.unwrap();
 }
 
@@ -515,6 +528,224 @@ async fn a_read_unlock_brings_the_expiry_down_to_the_remaining_readers() {
     assert!(start.elapsed() < Duration::from_secs(4));
     assert!(short.is_lost());
     w.unlock().await.unwrap();
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
+
+/// The hash's fields and expiry, for failure messages.
+async fn describe(raw: &fred::clients::Client, key: &str) -> String {
+    format!(
+        "{:?}, pttl {}",
+        fields(raw, key).await,
+        pttl(raw, key).await
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ended_write_lease_leaves_no_writer_behind() {
+    // Issue 22: the writer also reads (watchdog lease), and its fixed write lease ends. The
+    // read hold keeps the hash — writer field included — alive. Once every guard is released,
+    // another client must get in at once, not after the read hold's 30 s expiry.
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let a = client(&server).await;
+    let b = client(&server).await;
+    let rw = a.read_write_lock("ended-w");
+    let w = rw
+        .write()
+        .lock_with_lease(Duration::from_millis(300))
+        .await
+        .unwrap();
+    let r = rw.read().lock().await.unwrap();
+    let writer_field = format!("{}:write", w.owner());
+    assert!(eventually(Duration::from_secs(5), || async { w.is_lost() }).await);
+    assert!(
+        fields(&raw, "ended-w").await.contains_key(&writer_field),
+        "the read hold keeps the ended write hold's field alive: {}",
+        describe(&raw, "ended-w").await
+    );
+    assert!(matches!(w.unlock().await, Err(Error::NotHeld { .. })));
+    r.unlock().await.unwrap();
+
+    let start = Instant::now();
+    let got = b
+        .read_write_lock("ended-w")
+        .write()
+        .try_lock_for(Duration::from_secs(10))
+        .await
+        .unwrap();
+    let Some(got) = got else {
+        panic!(
+            "another client's writer is still kept out after every guard was released: {}",
+            describe(&raw, "ended-w").await
+        );
+    };
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+    got.unlock().await.unwrap();
+    assert!(!exists(&raw, "ended-w").await);
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ended_write_lease_downgrades_to_its_owners_reads_and_wakes_readers() {
+    // As above, but the read hold stays: the ended write hold's unlock leaves the lock in read
+    // mode, held by the read hold alone, and a reader of another client waiting meanwhile is
+    // woken and gets in.
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let a = client(&server).await;
+    let b = client(&server).await;
+    let rw = a.read_write_lock("ended-wr");
+    let w = rw
+        .write()
+        .lock_with_lease(Duration::from_millis(300))
+        .await
+        .unwrap();
+    let r = rw.read().lock().await.unwrap();
+    let owner = r.owner().to_string();
+    let reader = {
+        let rw = b.read_write_lock("ended-wr");
+        tokio::spawn(async move {
+            let got = rw.read().try_lock_for(Duration::from_secs(20)).await;
+            (got, Instant::now())
+        })
+    };
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            numsub(&raw, "redisson_rwlock:{ended-wr}").await == 1
+        })
+        .await
+    );
+    assert!(eventually(Duration::from_secs(5), || async { w.is_lost() }).await);
+    let released = Instant::now();
+    assert!(matches!(w.unlock().await, Err(Error::NotHeld { .. })));
+    let (got, at) = tokio::time::timeout(Duration::from_secs(10), reader)
+        .await
+        .unwrap_or_else(|_| panic!("the waiting reader is still kept out by the ended write hold"))
+        .unwrap();
+    let got = got.unwrap().expect("the reader got in");
+    let delay = at.saturating_duration_since(released);
+    assert!(delay < Duration::from_secs(5), "{delay:?}");
+    let hash = fields(&raw, "ended-wr").await;
+    assert_eq!(hash["mode"], "read", "{hash:?}");
+    assert!(!hash.contains_key(&format!("{owner}:write")), "{hash:?}");
+    assert_eq!(hash[&owner], "1", "the owner's read hold is untouched");
+    got.unlock().await.unwrap();
+    r.unlock().await.unwrap();
+    assert!(!exists(&raw, "ended-wr").await);
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_writer_learns_that_a_read_unlock_shortened_the_lease() {
+    // Issue 22: reader R1 (1.5 s fixed lease), reader R2 (watchdog); a writer of a third client
+    // parks with the 30 s expiry R2 gave the hash. R2's unlock brings the expiry down to R1's
+    // lease: the writer must get in once R1's lease ends — not before, and not at 30 s.
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let (a, b, c) = (
+        client(&server).await,
+        client(&server).await,
+        client(&server).await,
+    );
+    let (_sub, mut messages) = subscribe(&server.url(), "redisson_rwlock:{last-lease}").await;
+    let r1_sent = Instant::now();
+    let r1 = a
+        .read_write_lock("last-lease")
+        .read()
+        .lock_with_lease(Duration::from_millis(1500))
+        .await
+        .unwrap();
+    let r1_ends = r1_sent + Duration::from_millis(1500);
+    let r2 = b.read_write_lock("last-lease").read().lock().await.unwrap();
+    assert!(pttl(&raw, "last-lease").await > 25_000);
+    let writer = {
+        let rw = c.read_write_lock("last-lease");
+        tokio::spawn(async move {
+            let got = rw.write().try_lock_for(Duration::from_secs(20)).await;
+            (got, Instant::now())
+        })
+    };
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            numsub(&raw, "redisson_rwlock:{last-lease}").await == 2
+        })
+        .await,
+        "the writer's client subscribed"
+    );
+    // Let the writer park with the 30 s expiry (R2 unlocks ~500 ms in, as in the issue).
+    tokio::time::sleep_until((r1_sent + Duration::from_millis(500)).into()).await;
+    r2.unlock().await.unwrap();
+    let left = pttl(&raw, "last-lease").await;
+    assert!(left > 0 && left <= 1500, "down to R1's lease: {left}");
+
+    let (got, at) = tokio::time::timeout(Duration::from_secs(25), writer)
+        .await
+        .unwrap()
+        .unwrap();
+    let got = got.unwrap();
+    assert!(
+        got.is_some(),
+        "the writer did not get in within 20 s; R1's lease ended {:?} after it started waiting",
+        r1_ends.saturating_duration_since(r1_sent)
+    );
+    assert!(
+        at >= r1_ends,
+        "the writer got in while R1 still held its lease"
+    );
+    let late = at.saturating_duration_since(r1_ends);
+    assert!(
+        late < Duration::from_secs(10),
+        "got in {late:?} after R1's lease ended (the 30 s expiry, not R1's)"
+    );
+    // What the waiters were told: the lock's expiry in milliseconds, negated (a number
+    // Redisson's waiters ignore).
+    let message = next_message(&mut messages).await;
+    let told: i64 = message.parse().unwrap();
+    assert!((-1500..0).contains(&told), "{message}");
+    assert!(r1.is_lost());
+    got.unwrap().unlock().await.unwrap();
+    drop(r1);
+    for client in [a, b, c] {
+        client.shutdown().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_read_unlock_that_does_not_shorten_the_expiry_publishes_nothing() {
+    // Read-heavy workloads must not wake waiters for nothing: only a release that brings the
+    // expiry down says so.
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let (a, b) = (client(&server).await, client(&server).await);
+    let (_sub, mut messages) = subscribe(&server.url(), "redisson_rwlock:{steady}").await;
+    let long = a
+        .read_write_lock("steady")
+        .read()
+        .lock_with_lease(Duration::from_secs(60))
+        .await
+        .unwrap();
+    let short = b
+        .read_write_lock("steady")
+        .read()
+        .lock_with_lease(Duration::from_secs(5))
+        .await
+        .unwrap();
+    short.unlock().await.unwrap();
+    assert!(pttl(&raw, "steady").await > 55_000);
+    long.unlock().await.unwrap();
+    assert!(!exists(&raw, "steady").await);
+    assert_eq!(
+        next_message(&mut messages).await,
+        "0",
+        "the first message is the last unlock's"
+    );
     a.shutdown().await.unwrap();
     b.shutdown().await.unwrap();
 }

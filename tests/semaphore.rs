@@ -226,6 +226,78 @@ async fn waiters_across_processes_are_woken_by_releases() {
     b.shutdown().await.unwrap();
 }
 
+/// A waiter asking for 2 permits parks first, then one asking for 1 (on the same client, or
+/// on another), on an empty semaphore whose waiters recheck only every two minutes. A
+/// `release(1)` must reach the waiter that can use it, by message, while the larger request
+/// keeps waiting.
+async fn a_released_permit_reaches_the_waiter_that_can_use_it(same_client: bool) {
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let big_client = client(&server.url()).await;
+    let other = match same_client {
+        true => None,
+        false => Some(client(&server.url()).await),
+    };
+    let small_client = other.as_ref().unwrap_or(&big_client);
+    let sem = |c: &Client| {
+        c.semaphore("behind")
+            .with_recheck_interval(NO_RECHECK)
+            .unwrap()
+    };
+    assert!(sem(&big_client).try_set_permits(0).await.unwrap());
+
+    let before = evalsha_calls(&raw).await;
+    let big = sem(&big_client);
+    let big_task = tokio::spawn(async move { big.acquire(2).await });
+    // Parked before the smaller request comes: first in its process's line for a wake-up.
+    let parked = wait_quiet(&raw, before + 1, Duration::from_millis(500)).await;
+    let small = sem(small_client);
+    let small_task = tokio::spawn(async move { small.acquire(1).await });
+    wait_quiet(&raw, parked + 1, Duration::from_millis(500)).await;
+    let subscribers = if same_client { 1 } else { 2 };
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            numsub(&raw, "redisson_sc:{behind}").await == subscribers
+        })
+        .await
+    );
+
+    let released_at = Instant::now();
+    sem(&big_client).release(1).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(20), small_task)
+        .await
+        .expect("the released permit never reached the waiter asking for one")
+        .unwrap()
+        .unwrap();
+    assert!(released_at.elapsed() < NO_RECHECK / 4, "not by the timer");
+    assert!(
+        !big_task.is_finished(),
+        "one permit cannot serve a request for two"
+    );
+    assert_eq!(sem(&big_client).available_permits().await.unwrap(), 0);
+
+    sem(&big_client).release(2).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(20), big_task)
+        .await
+        .expect("two permits wake the larger request")
+        .unwrap()
+        .unwrap();
+    big_client.shutdown().await.unwrap();
+    if let Some(other) = other {
+        other.shutdown().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_released_permit_passes_a_larger_waiter_of_the_same_client() {
+    a_released_permit_reaches_the_waiter_that_can_use_it(true).await;
+}
+
+#[tokio::test]
+async fn a_released_permit_passes_a_larger_waiter_of_another_client() {
+    a_released_permit_reaches_the_waiter_that_can_use_it(false).await;
+}
+
 /// Checks a history of holds `(from, to, permits)` — `from` after the permits were surely
 /// taken, `to` before they were given back, so any overlap seen really happened: the permits
 /// held at any instant never exceed `limit`. Returns the most held at once.
@@ -452,6 +524,50 @@ async fn bad_input_is_refused_with_typed_errors() {
     );
     let exists: i64 = raw.exists("input").await.unwrap();
     assert_eq!(exists, 0);
+    client.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_count_a_redisson_peer_could_not_read_is_refused() {
+    // Redisson reads the counter as a Java int: no call may take it out of that range.
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let client = client(&server.url()).await;
+    let sem = client.semaphore("range");
+    let (_subscriber, mut messages) = subscribe(&server.url(), "redisson_sc:{range}").await;
+    let max = i64::from(MAX_PERMITS);
+    let refused = |r: Result<(), Error>| {
+        matches!(&r, Err(Error::InvalidArgument(m)) if m.contains("2147483647")) || {
+            eprintln!("not refused: {r:?}");
+            false
+        }
+    };
+    sem.add_permits(max).await.unwrap();
+    assert!(refused(sem.add_permits(max).await), "add past the top");
+    assert!(refused(sem.add_permits(1).await), "add past the top");
+    assert!(refused(sem.release(1).await), "release past the top");
+    assert_eq!(
+        get(&raw, "range").await.as_deref(),
+        Some("2147483647"),
+        "unchanged"
+    );
+
+    // Down to Java's smallest int, and no further.
+    sem.add_permits(-max).await.unwrap();
+    sem.add_permits(-max).await.unwrap();
+    sem.add_permits(-1).await.unwrap();
+    assert_eq!(sem.available_permits().await.unwrap(), i64::from(i32::MIN));
+    assert!(refused(sem.add_permits(-1).await), "add past the bottom");
+    assert_eq!(
+        get(&raw, "range").await.as_deref(),
+        Some("-2147483648"),
+        "unchanged"
+    );
+    sem.release(MAX_PERMITS).await.unwrap();
+    assert_eq!(sem.available_permits().await.unwrap(), -1);
+    // Only the first add announced a positive count; the refused calls announced nothing.
+    let seen = drain(&mut messages, Duration::from_millis(500)).await;
+    assert_eq!(seen, ["2147483647"]);
     client.shutdown().await.unwrap();
 }
 

@@ -13,6 +13,8 @@ macro_rules! exit_table {
   75            lock not acquired within --wait (see --conflict-exit-code)
   76            lease lost while CMD ran (its process group was stopped),
                 or before it could start (CMD not run)
+  74            CMD ran, but the lock could not be released (it may stay held
+                until its lease ends); CMD's status is in the message
   126 / 127     CMD not executable / not found (the lock was released)
   64            usage error (bad option, bad duration, missing `--` before CMD)
   65            invalid NAME, or the key is not a lock (WRONGTYPE)

@@ -166,8 +166,17 @@ async fn run_with(
                         ),
                     ))
                 }
+                // The next caller would wait for the lease without a word: say so, in the
+                // status too.
                 Err(e) => {
-                    tracing::warn!(error = %e, "release failed; the lock expires with its lease")
+                    return Err(Failure::new(
+                        exit::RELEASE_FAILED,
+                        format!(
+                            "CMD exited with {}, but lock {:?} could not be released ({e}); it may stay held until its lease ends",
+                            ended.status(),
+                            args.name
+                        ),
+                    ))
                 }
             }
             Ok(ended.status())

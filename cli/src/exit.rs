@@ -13,6 +13,9 @@ pub const DATA: u8 = 65;
 pub const UNAVAILABLE: u8 = 69;
 /// Anything else.
 pub const SOFTWARE: u8 = 70;
+/// CMD ran, but the lock could not be released afterwards: it may stay held until its lease
+/// ends.
+pub const RELEASE_FAILED: u8 = 74;
 /// The lease was lost while CMD ran, or before it could start.
 pub const LEASE_LOST: u8 = 76;
 /// Authentication refused.

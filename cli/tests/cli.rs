@@ -173,6 +173,46 @@ fn cmd_status_signals_126_127_and_the_lock_is_released() {
     assert_eq!((code, out.trim()), (0, "l"));
 }
 
+/// A release Redis refuses after CMD ran (here: an ACL that CMD itself set, denying EVALSHA)
+/// is reported: exit 74, with CMD's status and the reason on stderr.
+#[test]
+fn a_failed_release_exits_74_naming_cmds_status() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let port = server.port.to_string();
+    let deny = format!("redis-cli -p {port} acl setuser default -evalsha >/dev/null; exit 3");
+    let (code, _, err) = run(redbaton(
+        &url,
+        &["exec", "refused", "--", "sh", "-c", &deny],
+    ));
+    let allowed = Command::new("redis-cli")
+        .args(["-p", &port, "acl", "setuser", "default", "+evalsha"])
+        .output()
+        .expect("redis-cli");
+    assert!(allowed.status.success());
+    assert_eq!(code, 74, "{err}");
+    assert!(err.contains("could not be released"), "{err}");
+    assert!(err.contains("exited with 3"), "{err}");
+}
+
+/// On a cluster, a name whose key and channel hash to different slots could be taken but
+/// never released: exec refuses it (65) before anything is sent.
+#[test]
+fn exec_refuses_a_name_the_cluster_cannot_place() {
+    let cluster = support::cluster::RedisCluster::start(3, 0);
+    let url = cluster.url();
+    let (code, _, err) = run(redbaton(&url, &["exec", "q}b", "--", "true"]));
+    assert_eq!(code, 65, "{err}");
+    assert!(err.contains("slot"), "{err}");
+    for node in cluster.nodes.iter() {
+        assert_eq!(
+            support::cluster::cli(node.port, &["dbsize"]).trim(),
+            "0",
+            "nothing written"
+        );
+    }
+}
+
 #[test]
 fn busy_lock_exits_75_or_the_conflict_code_naming_the_holders() {
     let server = RedisServer::start();

@@ -15,10 +15,14 @@
 -- then, while other fields remain, the hash's expiry becomes the longest remaining timeout key
 -- of any owner (readers with expired timeout keys are dead and do not count). If none is
 -- left in read mode, the lock is deleted and "0" published; in write mode (the writer's own
--- read holds) the writer keeps it. Two differences, both about expiries only (never about what
--- is stored or published): the remaining holds of this owner keep the longest lease of the
+-- read holds) the writer keeps it. Two differences about expiries (never about what is
+-- stored): the remaining holds of this owner keep the longest lease of the
 -- holds released (Redisson's keys are per count, not per hold, so it can cut a hold short),
 -- and in write mode the expiry is only ever extended (it is the writer's lease too).
+-- One addition to what is published: when the expiry in read mode comes down, the new
+-- expiry is published negated, "-<ms>" (Redisson's waiters ignore every number but 0 and 1),
+-- so waiters parked until the old, later expiry retry when the lock's lease really ends.
+-- Nothing is published when the expiry stays (the usual case while readers come and go).
 local mode = redis.call('hget', KEYS[1], 'mode')
 local count = redis.call('hget', KEYS[1], ARGV[1])
 if not mode or not count then
@@ -68,7 +72,12 @@ if redis.call('hlen', KEYS[1]) > 1 then
         return remaining
     end
     if max_left > 0 then
+        local before = redis.call('pttl', KEYS[1])
         redis.call('pexpire', KEYS[1], millis(max_left))
+        if max_left < before then
+            -- Waiters park until the expiry they last read: tell them it came closer.
+            redis.call(ARGV[5], KEYS[2], '-' .. millis(max_left))
+        end
         return remaining
     end
 end

@@ -10,9 +10,12 @@
 --
 -- At count 0 the writer field goes. If only "mode" is left, the lock is deleted and "1"
 -- published. Otherwise the writer still holds read holds of its own: the lock is downgraded to
--- read mode, with no message and its expiry unchanged (as Redisson: waiting readers get in
--- when their lease-bounded wait ends or another release wakes them). A partial release leaves
--- the expiry alone (Redisson re-applies its lease here, which could shorten it).
+-- read mode, its expiry unchanged, and "1" published too, so waiting readers get in now
+-- (Redisson publishes nothing there: its readers wait until their lease-bounded wait ends).
+-- A partial release leaves the expiry alone (Redisson re-applies its lease here, which could
+-- shorten it). The client also sends this script, with ARGV[3] = the holds it still accounts
+-- for, to remove what is left of a write hold whose lease ended while read holds kept the
+-- hash alive.
 if redis.call('hget', KEYS[1], 'mode') ~= 'write' then
     return -1
 end
@@ -34,5 +37,6 @@ if redis.call('hlen', KEYS[1]) == 1 then
     redis.call(ARGV[5], KEYS[2], ARGV[4])
 else
     redis.call('hset', KEYS[1], 'mode', 'read')
+    redis.call(ARGV[5], KEYS[2], ARGV[4])
 end
 return 0

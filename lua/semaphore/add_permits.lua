@@ -1,11 +1,15 @@
 -- Add to (or, with a negative delta, take from) a semaphore's free permits (addPermits).
 -- KEYS[1]  the counter (created when absent)
 -- KEYS[2]  the channel "redisson_sc:{name}"
+-- KEYS[3]  optional: the zset of taken permits of a leased semaphore, which all come back to
+--          the counter one day
 -- ARGV[1]  the delta
 -- ARGV[2]  publish command: PUBLISH or SPUBLISH
 -- ARGV[3]  what the message carries: "count" (the new count: RSemaphore) or "delta" (the
 --          delta: RPermitExpirableSemaphore)
--- Reply: the new number of free permits.
+-- Reply: the new number of free permits; nil, with nothing changed, when the count (with the
+--        taken permits) would move out of a Java int, which a Redisson peer reads it as (a
+--        count already out, set by hand, may be moved back).
 -- SET, like Redisson's: it clears any expiry on the counter. Nothing is published when the
 -- message would not be positive.
 local value = redis.call('get', KEYS[1])
@@ -14,8 +18,12 @@ if value and (not string.match(value, '^%-?%d+$') or #value > 15) then
 end
 local delta = tonumber(ARGV[1])
 local free = tonumber(value or '0') + delta
-if math.abs(free) >= 1e15 then
-    return redis.error_reply('ERR the permit count would leave the range a script counts exactly')
+local taken = 0
+if KEYS[3] then
+    taken = redis.call('zcard', KEYS[3])
+end
+if (delta > 0 and free + taken > 2147483647) or (delta < 0 and free < -2147483648) then
+    return false
 end
 redis.call('set', KEYS[1], string.format('%d', free))
 local message = free

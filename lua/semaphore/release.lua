@@ -3,12 +3,16 @@
 -- KEYS[2]  the channel "redisson_sc:{name}"
 -- ARGV[1]  how many permits (>= 1)
 -- ARGV[2]  publish command: PUBLISH or SPUBLISH
--- Reply: the new number of free permits.
+-- Reply: the new number of free permits; nil, with nothing changed, when it would pass the
+--        largest Java int, which a Redisson peer reads it as.
 -- The message is the new count, as Redisson publishes it, but only when it is positive:
 -- 0 wakes nobody and a negative count breaks Redisson's listeners.
 local value = redis.call('get', KEYS[1])
 if value and (not string.match(value, '^%-?%d+$') or #value > 15) then
     return redis.error_reply('WRONGTYPE the semaphore key holds a string that is not a permit count')
+end
+if tonumber(value or '0') + tonumber(ARGV[1]) > 2147483647 then
+    return false
 end
 local free = redis.call('incrby', KEYS[1], ARGV[1])
 if free > 0 then

@@ -3,7 +3,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use fred::interfaces::ListInterface;
 use fred::types::Value;
 
 use crate::client::ClientInner;
@@ -248,8 +247,7 @@ impl FairLock {
         named
             .client
             .conn
-            .redis()
-            .lrange(&*self.inner.queue, 0, -1)
+            .read("LRANGE", &self.inner.queue, vec![0.into(), (-1).into()])
             .await
             .map_err(|e| named.error(&e))
     }

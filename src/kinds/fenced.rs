@@ -2,7 +2,6 @@
 
 use std::sync::Arc;
 
-use fred::interfaces::KeysInterface;
 use fred::types::Value;
 
 use crate::client::ClientInner;
@@ -101,8 +100,7 @@ impl FencedLock {
         let token: Option<u64> = named
             .client
             .conn
-            .redis()
-            .get(&*self.inner.token_key)
+            .read("GET", &self.inner.token_key, vec![])
             .await
             .map_err(|e| named.error(&e))?;
         Ok(token)

@@ -68,6 +68,17 @@ impl Named {
             len if len > MAX_NAME_LEN => Err(Error::InvalidArgument(format!(
                 "lock name is {len} bytes long; the limit is {MAX_NAME_LEN}"
             ))),
+            // On a cluster, a script may only touch keys (and shard channels) of one slot: a
+            // lock whose channel lands elsewhere could be taken but never released.
+            _ if self.client.conn.is_clustered() && !one_slot(&self.key) => {
+                Err(Error::InvalidArgument(format!(
+                    "lock name {:?} cannot be used on a cluster: its key and its channel {:?} \
+                     hash to different slots (a name with a '{{' needs a non-empty hash tag \
+                     closed after it, as in \"{{tag}}:rest\"; one without must not contain '}}')",
+                    self.name(),
+                    prefix_name("redisson_lock__channel", &self.key),
+                )))
+            }
             _ => Ok(()),
         }
     }
@@ -256,6 +267,27 @@ pub(crate) fn prefix_name(prefix: &str, key: &str) -> String {
     }
 }
 
+/// Whether every name a kind derives from `key` (channels and helper keys, made by
+/// [`prefix_name`] or the `{key}:suffix` / `key:suffix` form) lands in `key`'s cluster slot.
+/// Both forms hash the same part of the name, so one comparison covers them; the hashed
+/// parts, not the slots, are compared: two different parts may share a slot by chance for one
+/// prefix and not for another.
+pub(crate) fn one_slot(key: &str) -> bool {
+    hashed(key) == hashed(&prefix_name("p", key))
+}
+
+/// The part of `key` Redis hashes to pick its slot: the content of the first `{…}`, when the
+/// first `{` is closed by a later `}` with something between; else the whole key.
+fn hashed(key: &str) -> &str {
+    if let Some(open) = key.find('{') {
+        let rest = &key[open + 1..];
+        if let Some(len) = rest.find('}').filter(|&len| len > 0) {
+            return &rest[..len];
+        }
+    }
+    key
+}
+
 /// Converts a lease to the milliseconds Redis takes, refusing what it cannot take.
 pub(crate) fn lease_millis(lease: Duration) -> Result<i64> {
     if lease < Duration::from_millis(1) {
@@ -432,6 +464,35 @@ mod tests {
             prefix_name("redisson_lock__channel", "{user}:a"),
             "redisson_lock__channel:{user}:a"
         );
+    }
+
+    #[test]
+    fn names_placed_in_one_slot_are_told_apart() {
+        let slot = |s: &str| fred::util::redis_keyslot(s.as_bytes());
+        let suffixed = |key: &str| {
+            if key.contains('{') {
+                format!("{key}:timeout")
+            } else {
+                format!("{{{key}}}:timeout")
+            }
+        };
+        for bad in ["a}b", "x{", "a{", "{}z", "q}b", "}", "a{b", "{}"] {
+            assert!(!one_slot(bad), "{bad:?} accepted");
+        }
+        for good in [
+            "order:42", "{user}:a", "a{b}c}", "{a}", "x:{y}", "a:{b}{c}", "é{ü}",
+        ] {
+            assert!(one_slot(good), "{good:?} refused");
+        }
+        // The rule agrees with the slots Redis would compute, for every derived form.
+        for name in [
+            "a}b", "x{", "{}z", "order:42", "{user}:a", "a{b}c}", "k{}{t}",
+        ] {
+            let same = slot(name) == slot(&prefix_name("redisson_lock__channel", name))
+                && slot(name) == slot(&prefix_name("redisson_lock_queue", name))
+                && slot(name) == slot(&suffixed(name));
+            assert_eq!(one_slot(name), same, "{name:?}");
+        }
     }
 
     #[test]

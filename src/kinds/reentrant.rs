@@ -3,7 +3,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use fred::interfaces::{HashesInterface, KeysInterface};
 use fred::types::Value;
 
 use crate::client::ClientInner;
@@ -120,8 +119,7 @@ impl HashLock {
         let count: Option<i64> = named
             .client
             .conn
-            .redis()
-            .hget(&*named.key, &*field)
+            .read("HGET", &named.key, vec![Value::from(&*field)])
             .await
             .map_err(|e| named.error(&e))?;
         Ok(count.unwrap_or(0).clamp(0, i64::from(u32::MAX)) as u32)
@@ -133,8 +131,7 @@ impl HashLock {
         let exists: i64 = named
             .client
             .conn
-            .redis()
-            .exists(&*named.key)
+            .read("EXISTS", &named.key, vec![])
             .await
             .map_err(|e| named.error(&e))?;
         Ok(exists > 0)
@@ -149,8 +146,7 @@ impl HashLock {
         named
             .client
             .conn
-            .redis()
-            .hexists(&*named.key, &*field)
+            .read("HEXISTS", &named.key, vec![Value::from(&*field)])
             .await
             .map_err(|e| named.error(&e))
     }
@@ -161,8 +157,7 @@ impl HashLock {
         let pttl: i64 = named
             .client
             .conn
-            .redis()
-            .pttl(&*named.key)
+            .read("PTTL", &named.key, vec![])
             .await
             .map_err(|e| named.error(&e))?;
         match pttl {

@@ -16,7 +16,11 @@
 //! `redisson_rwlock:{name}`: a write unlock publishes `1` (every waiter retries: all readers may
 //! get in), the read unlock that frees the lock publishes `0` (one waiter per process retries).
 //! This is Redisson's layout, key for key and message for message, so Java services using
-//! Redisson and Rust services using redbaton share read/write locks by name.
+//! Redisson and Rust services using redbaton share read/write locks by name. Two messages are
+//! added, both harmless to Redisson's waiters: a downgrade publishes `1` too (readers may get
+//! in), and a read unlock that brings the hash's expiry down publishes it negated, `-<ms>`
+//! (Redisson ignores every number but `0` and `1`), so waiters parked until the old expiry
+//! retry when the remaining lease really ends instead.
 
 use std::sync::Arc;
 
@@ -77,9 +81,8 @@ const WRITE_SUFFIX: &str = ":write";
 ///   each be released.
 /// - **A writer may read** (take read holds while it holds the write lock). Those holds outlive
 ///   its write unlock: the lock is then *downgraded* to read mode, held by the former writer's
-///   read holds. Readers that were waiting are not woken by a downgrade (Redisson publishes
-///   nothing); they get in when their wait, bounded by the lock's remaining lease, next
-///   re-checks, or when another release wakes them.
+///   read holds, and waiting readers are woken and get in (Redisson publishes nothing there;
+///   its readers wait until their lease-bounded wait ends).
 /// - **A reader cannot upgrade.** A read hold blocks every writer, its own owner included.
 ///   Asking for the write lock while the same owner holds read holds fails at once with
 ///   [`Error::WouldDeadlock`] (the write acquire script sees the owner's reader field), instead
@@ -90,7 +93,12 @@ const WRITE_SUFFIX: &str = ":write";
 /// - **Leases** as for [`Lock`](crate::Lock): the watchdog renews watchdog holds (for a read
 ///   hold: its timeout keys and the hash, as Redisson's read renewal does); a fixed lease
 ///   ends the hold. Each read hold has its own timeout key, so a reader that died stops
-///   counting once its lease ends, even while other readers keep the hash alive.
+///   counting once its lease ends, even while other readers keep the hash alive. All holds
+///   share the hash's expiry, so a hold whose lease ended can still be in the hash (a writer's
+///   own read hold keeps its write field alive): releasing its guard (`unlock`, or dropping
+///   it) then removes what is left of it, and only that, and wakes the waiters it let in.
+///   When a read unlock brings the expiry down to a shorter lease that remains, waiters learn
+///   the new expiry and retry when it comes, not at the one they read before.
 ///
 /// A [`Lock`](crate::Lock) on the same name is a different Redis layout: it is never written
 /// to by this lock's scripts (it counts as held), but do not mix the two on one name.
@@ -518,6 +526,11 @@ impl HoldOps for ReadHalf {
     fn renewal(&self) -> Renewal {
         &READ_RENEW
     }
+
+    fn shares_expiry(&self) -> bool {
+        // Other readers, or the owner's write hold, keep the hash alive past a read lease.
+        true
+    }
 }
 
 impl HoldOps for WriteHalf {
@@ -544,6 +557,11 @@ impl HoldOps for WriteHalf {
     fn renewal(&self) -> Renewal {
         // The writer field lives on the hash alone: the RLock's renewal fits.
         &RENEW
+    }
+
+    fn shares_expiry(&self) -> bool {
+        // The writer's own read holds keep the hash alive past its write lease.
+        true
     }
 }
 

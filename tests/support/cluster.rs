@@ -221,6 +221,68 @@ impl RedisCluster {
             .expect("the primary has a replica")
     }
 
+    /// The node id of the node on `port`.
+    pub fn id_of(&self, port: u16) -> String {
+        cli(port, &["cluster", "myid"]).trim().to_owned()
+    }
+
+    /// Opens the migration of `slot` from the primary on `from` to the one on `to`, as
+    /// `redis-cli --cluster reshard` does (IMPORTING on the target first); no key moves yet.
+    pub fn begin_migration(&self, slot: u16, from: u16, to: u16) {
+        let slot = slot.to_string();
+        let set = |port, how, id: &str| {
+            let out = cli(port, &["cluster", "setslot", &slot, how, id]);
+            assert!(out.contains("OK"), "SETSLOT {slot} {how} on {port}: {out}");
+        };
+        set(to, "importing", &self.id_of(from));
+        set(from, "migrating", &self.id_of(to));
+    }
+
+    /// Moves every key of `slot` from the node on `from` to the one on `to` (one `MIGRATE`).
+    pub fn move_keys(&self, slot: u16, from: u16, to: u16) {
+        let keys = cli(
+            from,
+            &["cluster", "getkeysinslot", &slot.to_string(), "1000"],
+        );
+        let keys: Vec<&str> = keys.lines().filter(|k| !k.is_empty()).collect();
+        if keys.is_empty() {
+            return;
+        }
+        let to = to.to_string();
+        let mut args = vec!["migrate", "127.0.0.1", &to, "", "0", "5000", "keys"];
+        args.extend(keys.iter().copied());
+        let out = cli(from, &args);
+        assert!(out.contains("OK"), "MIGRATE {keys:?}: {out}");
+    }
+
+    /// Completes the migration of `slot` (its keys moved): `SETSLOT NODE <target>` on the
+    /// importing node first, then on every other primary, as `redis-cli --cluster reshard` does.
+    pub fn finish_migration(&self, slot: u16, from: u16, to: u16) {
+        let owner = self.id_of(to);
+        let slot = slot.to_string();
+        let mut ports = vec![to, from];
+        ports.extend(
+            self.topology()
+                .into_iter()
+                .filter(|n| n.primary && !n.failed && n.port != to && n.port != from)
+                .map(|n| n.port),
+        );
+        for port in ports {
+            let out = cli(port, &["cluster", "setslot", &slot, "node", &owner]);
+            assert!(out.contains("OK"), "SETSLOT {slot} NODE on {port}: {out}");
+        }
+    }
+
+    /// Cancels the migration of `slot` (its keys not moved): `SETSLOT STABLE` on both nodes
+    /// (`SETSLOT NODE <source>` would leave the source MIGRATING while it holds keys).
+    pub fn cancel_migration(&self, slot: u16, from: u16, to: u16) {
+        let slot = slot.to_string();
+        for port in [to, from] {
+            let out = cli(port, &["cluster", "setslot", &slot, "stable"]);
+            assert!(out.contains("OK"), "SETSLOT {slot} STABLE on {port}: {out}");
+        }
+    }
+
     /// The server process on `port`.
     pub fn node_mut(&mut self, port: u16) -> &mut RedisServer {
         self.nodes
