@@ -22,12 +22,13 @@ async fn main() -> redbaton::Result<()> {
         .await?;
     let lock = client.lock("quickstart:order:42");
 
-    // Reentry: the same task locks twice and must unlock twice.
+    // Reentry is by the hold's scope: inside `run` (or with `reenter`), the same owner takes
+    // it again, and must release it again.
     let outer = lock.lock().await?;
-    let inner = outer.reenter().await?;
+    let inner = outer.run(|| lock.lock()).await??;
     println!(
-        "hold count after two lock() calls: {}",
-        lock.hold_count().await?
+        "hold count after a nested lock(): {}",
+        outer.run(|| lock.hold_count()).await??
     );
 
     // Another task waits without polling and is woken by the final unlock.

@@ -19,7 +19,12 @@ use crate::{Error, Result};
 /// task (logged at `debug`).
 ///
 /// A guard is `Send + 'static`: it can move into a spawned task and be released there — the
-/// release acts as the owner that acquired it, not the current task.
+/// release acts as the owner that acquired it, wherever it runs.
+///
+/// A guard is one hold of one owner. Code that must take the same lock again while holding it
+/// (re-entry) does so in the hold's scope — [`run`](Guard::run) polls a future inside it — or
+/// with [`reenter`](Guard::reenter); any other acquire is another owner and waits for this
+/// hold, even in the same task (as with `tokio::sync::Mutex`).
 ///
 /// While the guard lives, the lock may still be *lost*: a fixed lease ran out, another client
 /// force-unlocked it, or the watchdog could not renew it for a whole lease (Redis unreachable).
@@ -178,7 +183,13 @@ impl<K: Kind> Guard<K> {
         Fut: Future<Output = T>,
     {
         let scoped = || self.scoped(f());
-        until_lost(self.is_lost(), self.lost(), scoped, self.kind.named().name()).await
+        until_lost(
+            self.is_lost(),
+            self.lost(),
+            scoped,
+            self.kind.named().name(),
+        )
+        .await
     }
 
     /// Takes this lock again as this hold's owner: a nested hold on the same owner field (its

@@ -3,8 +3,10 @@
 //! Reentrant distributed locks on Redis, compatible with Redisson's `RLock`: Java services
 //! using Redisson and Rust services using redbaton share locks by name.
 //!
-//! - **Reentrant**: a hash of owner id → reentry count, changed by Lua scripts; nested
-//!   `lock()` calls in one tokio task re-enter.
+//! - **Reentrant by scope, one holder per hold**: a hash of owner id → reentry count, changed
+//!   by Lua scripts. Every acquisition is a new owner unless it is made inside a hold's scope
+//!   (the future run by [`Lock::run`] or [`Guard::run`], or [`Guard::reenter`]): futures
+//!   joined in one tokio task exclude each other, and code inside a hold re-enters it.
 //! - **Waiting costs Redis almost nothing**: waiters park on one shared subscriber connection
 //!   per [`Client`] and are woken, one at a time, by the unlock message; the lock's remaining
 //!   lease bounds every wait, so a lost message never hangs anyone. Between tasks of one
@@ -20,6 +22,29 @@
 //! // ... the critical section ...
 //! guard.unlock().await?;
 //! client.shutdown().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! ## One holder means one holder
+//!
+//! The owner of a hold is not the tokio task. Futures polled together in one task — `join!`,
+//! `select!`, `FuturesUnordered`, `for_each_concurrent`, `buffer_unordered` — are separate
+//! owners and wait for each other; re-entry comes from the scope of a hold:
+//!
+//! ```no_run
+//! # async fn run(lock: redbaton::Lock) -> redbaton::Result<()> {
+//! let section = || async {
+//!     let guard = lock.lock().await?; // one at a time, though both run in this task
+//!     guard.unlock().await
+//! };
+//! let (a, b) = tokio::join!(section(), section());
+//! (a?, b?);
+//!
+//! lock.run(|| async {
+//!     let nested = lock.lock().await?; // inside the hold's scope: re-enters (count 2)
+//!     nested.unlock().await
+//! })
+//! .await??;
 //! # Ok(()) }
 //! ```
 //!

@@ -436,7 +436,10 @@ impl MultiLockGuard {
             return Err(not_held());
         }
         let again = futures::future::join_all(
-            self.guards.iter().filter(|g| !g.is_lost()).map(|g| g.reenter()),
+            self.guards
+                .iter()
+                .filter(|g| !g.is_lost())
+                .map(|g| g.reenter()),
         )
         .await;
         let guards: Vec<LockGuard> = again.into_iter().filter_map(|g| g.ok()).collect();

@@ -110,7 +110,9 @@ mod tests {
         assert_eq!(sibling, None);
         let spawned = within([(client.clone(), "k".into(), 9)], async {
             let c = client.clone();
-            tokio::spawn(async move { enclosing(&c, "k") }).await.unwrap()
+            tokio::spawn(async move { enclosing(&c, "k") })
+                .await
+                .unwrap()
         })
         .await;
         assert_eq!(spawned, None, "a spawned task starts outside every scope");

@@ -441,7 +441,10 @@ async fn releasing_a_hold_that_is_gone_is_not_held_and_changes_nothing() {
     let fresh = lock.with_owner(stale.owner()).lock().await.unwrap();
     drop(stale);
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(lock.with_owner(fresh.owner()).hold_count().await.unwrap(), 1);
+    assert_eq!(
+        lock.with_owner(fresh.owner()).hold_count().await.unwrap(),
+        1
+    );
     fresh.unlock().await.unwrap();
 
     client.shutdown().await.unwrap();

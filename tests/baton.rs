@@ -535,8 +535,8 @@ async fn passes_in_a_row_stay_bounded_when_tasks_reenter() {
                 let mut rounds = 0;
                 while rounds < 50 || !served.load(Ordering::Relaxed) {
                     let outer = lock.lock().await.unwrap();
-                    // The same task again: it re-enters, and this second hold goes last.
-                    let inner = lock.lock().await.unwrap();
+                    // The same owner again: it re-enters, and this second hold goes last.
+                    let inner = outer.reenter().await.unwrap();
                     let messages = calls(&raw, "publish").await;
                     published.lock().push(messages);
                     outer.unlock().await.unwrap();

@@ -201,7 +201,7 @@ async fn sync_on_an_unreplicated_acquire_fails_and_a_replicated_hold_survives_fa
             "the unacknowledged acquire was undone"
         );
     }
-    let reentry = holder.lock("kept").try_lock().await;
+    let reentry = guard.reenter().await;
     assert!(
         matches!(reentry, Err(Error::NotReplicated { .. })),
         "{reentry:?}"
@@ -371,7 +371,11 @@ async fn a_hold_lost_to_an_unacknowledged_renewal_is_not_revived_by_reentry() {
     );
     assert!(matches!(guard.unlock().await, Err(Error::NotHeld { .. })));
     // The same owner takes the lock again: the leftover hold must not count on.
-    let again = lock.lock().await.unwrap();
+    let again = lock
+        .with_owner(owner.parse().unwrap())
+        .lock()
+        .await
+        .unwrap();
     let trimmed = eventually(Duration::from_secs(10), || {
         let owner = owner.clone();
         async move { cli(master, &["hget", "revived", &owner]).trim() == "1" }

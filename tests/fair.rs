@@ -93,7 +93,11 @@ async fn wire_layout_matches_redisson() {
     assert_eq!(lock.queue_key(), "redisson_lock_queue:{deploy:1}");
     assert_eq!(lock.timeout_key(), "redisson_lock_timeout:{deploy:1}");
     assert_eq!(lock.channel(), "redisson_lock__channel:{deploy:1}");
-    assert_eq!(lock.waiter_channel(), None, "no owner outside a hold's scope");
+    assert_eq!(
+        lock.waiter_channel(),
+        None,
+        "no owner outside a hold's scope"
+    );
     let owner: redbaton::Owner = format!("{}:7", client.id()).parse().unwrap();
     assert_eq!(
         lock.with_owner(owner.clone()).waiter_channel(),

@@ -373,7 +373,11 @@ async fn a_lock_and_a_fenced_lock_on_one_name_exclude_and_wake_each_other() {
     assert_eq!(fenced.token(), 3);
     assert_eq!(fenced.owner(), plain.owner());
     assert_eq!(
-        a.lock("shared").with_owner(plain.owner()).hold_count().await.unwrap(),
+        a.lock("shared")
+            .with_owner(plain.owner())
+            .hold_count()
+            .await
+            .unwrap(),
         2
     );
     assert!(b.fenced_lock("shared").try_lock().await.unwrap().is_none());

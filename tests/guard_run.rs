@@ -244,7 +244,10 @@ async fn guard_run_on_a_guard_from_try_lock_for() {
     assert_eq!(out, Ok((false, 1)));
     assert!(!guard.is_lost());
     assert!(
-        lock.with_owner(guard.owner()).is_held_in_scope().await.unwrap(),
+        lock.with_owner(guard.owner())
+            .is_held_in_scope()
+            .await
+            .unwrap(),
         "Guard::run leaves the guard held"
     );
     assert!(b.lock("run:guard").try_lock().await.unwrap().is_none());

@@ -51,7 +51,10 @@ async fn reentry_counts_up_and_down_and_the_key_goes() {
     assert!(owned.is_held_in_scope().await.unwrap());
     assert!(g1.run(|| lock.is_held_in_scope()).await.unwrap().unwrap());
     assert_eq!(g1.run(|| lock.hold_count()).await.unwrap().unwrap(), 3);
-    assert!(!lock.is_held_in_scope().await.unwrap(), "no scope, no owner");
+    assert!(
+        !lock.is_held_in_scope().await.unwrap(),
+        "no scope, no owner"
+    );
     g3.unlock().await.unwrap();
     assert_eq!(owned.hold_count().await.unwrap(), 2);
     g2.unlock().await.unwrap();
@@ -409,10 +412,19 @@ async fn lost_fires_after_force_unlock_by_another_client() {
         .expect("lost() resolves after force_unlock");
     assert!(guard.is_lost());
     // A lost guard sends nothing: a new hold of the same owner survives its unlock.
-    let again = a.lock("forced").with_owner(guard.owner()).lock().await.unwrap();
+    let again = a
+        .lock("forced")
+        .with_owner(guard.owner())
+        .lock()
+        .await
+        .unwrap();
     assert!(matches!(guard.unlock().await, Err(Error::NotHeld { .. })));
     assert_eq!(
-        a.lock("forced").with_owner(again.owner()).hold_count().await.unwrap(),
+        a.lock("forced")
+            .with_owner(again.owner())
+            .hold_count()
+            .await
+            .unwrap(),
         1
     );
     again.unlock().await.unwrap();

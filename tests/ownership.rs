@@ -58,7 +58,10 @@ async fn a_second_lock_beside_a_held_guard_is_refused_and_warned_about() {
 
     let guard = lock.lock().await.unwrap();
     assert!(lock.try_lock().await.unwrap().is_none(), "a try is refused");
-    assert!(!captured.text().contains("reenter"), "a try is not warned about");
+    assert!(
+        !captured.text().contains("reenter"),
+        "a try is not warned about"
+    );
     let waited = tokio::time::timeout(Duration::from_millis(500), lock.lock()).await;
     assert!(waited.is_err(), "a second owner waits for the first");
     let log = captured.text();

@@ -431,8 +431,14 @@ async fn multilock_is_all_or_nothing_across_clients() {
         owners.find(|o| o.client_id() == c.id()).unwrap()
     };
     let (p1, p2) = (part(&c1), part(&c2));
-    assert_eq!(c1.lock("acct:1").with_owner(p1).hold_count().await.unwrap(), 2);
-    assert_eq!(c2.lock("acct:2").with_owner(p2).hold_count().await.unwrap(), 2);
+    assert_eq!(
+        c1.lock("acct:1").with_owner(p1).hold_count().await.unwrap(),
+        2
+    );
+    assert_eq!(
+        c2.lock("acct:2").with_owner(p2).hold_count().await.unwrap(),
+        2
+    );
     g2.unlock().await.unwrap();
     g1.unlock().await.unwrap();
     assert!(!c1.lock("acct:1").is_locked().await.unwrap());

@@ -42,17 +42,19 @@ async fn a_shorter_fixed_lease_inside_a_watchdog_hold_does_not_shorten_it() {
     let other = client(&server).await;
     let lock = holder.lock("outer-watchdog");
     let outer = lock.lock().await.unwrap();
-    let inner = lock
-        .lock_with_lease(Duration::from_millis(200))
+    let inner = outer
+        .run(|| lock.lock_with_lease(Duration::from_millis(200)))
         .await
+        .unwrap()
         .unwrap();
+    let owned = lock.with_owner(outer.owner());
     tokio::time::sleep(Duration::from_millis(700)).await;
     excluded(&other, "outer-watchdog", "after the inner lease ended").await;
     assert!(!outer.is_lost());
     assert!(inner.is_lost(), "the inner guard's own lease ran out");
     // Partial unlock of the inner hold: the outer one goes on, renewed.
     inner.unlock().await.unwrap();
-    assert_eq!(lock.hold_count().await.unwrap(), 1);
+    assert_eq!(owned.hold_count().await.unwrap(), 1);
     tokio::time::sleep(Duration::from_millis(3500)).await;
     excluded(&other, "outer-watchdog", "past a whole lease").await;
     assert!(!outer.is_lost());
@@ -71,7 +73,8 @@ async fn a_watchdog_hold_inside_a_fixed_lease_does_not_shorten_it() {
     let other = client(&server).await;
     let lock = holder.lock("outer-fixed");
     let outer = lock.lock_with_lease(Duration::from_secs(3)).await.unwrap();
-    let inner = lock.lock().await.unwrap();
+    // In the outer hold's scope: the same owner, with the watchdog lease.
+    let inner = outer.run(|| lock.lock()).await.unwrap().unwrap();
     // Long enough for several renewals (every ~167 ms) of the inner watchdog hold.
     tokio::time::sleep(Duration::from_millis(800)).await;
     inner.unlock().await.unwrap();
@@ -95,16 +98,20 @@ async fn a_shorter_fixed_lease_inside_a_fixed_lease_does_not_shorten_it() {
     let other = client(&server).await;
     let lock = holder.lock("fixed-fixed");
     let outer = lock.lock_with_lease(Duration::from_secs(3)).await.unwrap();
-    let inner = lock
-        .lock_with_lease(Duration::from_millis(200))
+    let inner = outer
+        .run(|| lock.lock_with_lease(Duration::from_millis(200)))
         .await
+        .unwrap()
         .unwrap();
     tokio::time::sleep(Duration::from_millis(700)).await;
     excluded(&other, "fixed-fixed", "after the inner lease ended").await;
     assert!(!outer.is_lost());
     inner.unlock().await.unwrap();
     excluded(&other, "fixed-fixed", "after the inner unlock").await;
-    assert_eq!(lock.hold_count().await.unwrap(), 1);
+    assert_eq!(
+        lock.with_owner(outer.owner()).hold_count().await.unwrap(),
+        1
+    );
     outer.unlock().await.unwrap();
     holder.shutdown().await.unwrap();
     other.shutdown().await.unwrap();
@@ -169,7 +176,7 @@ async fn re_checks_that_time_out_while_waiting_never_add_counts() {
                 .await
                 .unwrap()
                 .unwrap();
-            let count = lock.hold_count().await.unwrap();
+            let count = lock.with_owner(guard.owner()).hold_count().await.unwrap();
             guard.unlock().await.unwrap();
             count
         })
@@ -236,7 +243,7 @@ async fn a_release_that_cannot_be_sent_in_time_is_finished_later() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fresh_hold_is_never_merged_with_a_stale_one() {
-    // The lock is force-unlocked and taken again by the same task before the watchdog
+    // The lock is force-unlocked and taken again by the same owner before the watchdog
     // noticed: the old guard is lost, and its unlock must not release the new hold.
     let server = RedisServer::start();
     let holder = client(&server).await;
@@ -245,13 +252,14 @@ async fn a_fresh_hold_is_never_merged_with_a_stale_one() {
     let lock = holder.lock("stale");
     let old = lock.lock().await.unwrap();
     assert!(breaker.lock("stale").force_unlock().await.unwrap());
-    let new = lock.lock().await.unwrap();
-    assert_eq!(lock.hold_count().await.unwrap(), 1, "a fresh hold");
+    let owned = lock.with_owner(old.owner());
+    let new = owned.lock().await.unwrap();
+    assert_eq!(owned.hold_count().await.unwrap(), 1, "a fresh hold");
     assert!(old.is_lost(), "the old hold is over");
     assert!(!new.is_lost());
     assert!(matches!(old.unlock().await, Err(Error::NotHeld { .. })));
     excluded(&third, "stale", "after the stale guard's unlock").await;
-    assert_eq!(lock.hold_count().await.unwrap(), 1);
+    assert_eq!(owned.hold_count().await.unwrap(), 1);
     new.unlock().await.unwrap();
     assert!(!lock.is_locked().await.unwrap());
     for c in [holder, breaker, third] {
@@ -269,11 +277,12 @@ async fn shutdown_releases_only_the_clients_own_holds_of_a_shared_owner() {
     let guard = lock.lock().await.unwrap();
     let borrowed = second.lock("shared-owner").with_owner(guard.owner());
     let nested = borrowed.lock().await.unwrap();
-    assert_eq!(lock.hold_count().await.unwrap(), 2);
+    let owned = lock.with_owner(guard.owner());
+    assert_eq!(owned.hold_count().await.unwrap(), 2);
     std::mem::forget(nested);
     second.shutdown().await.unwrap();
     assert_eq!(
-        lock.hold_count().await.unwrap(),
+        owned.hold_count().await.unwrap(),
         1,
         "only the second client's hold went"
     );

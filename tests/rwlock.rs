@@ -119,10 +119,10 @@ async fn wire_layout_matches_redisson() {
     // Two read holds of one owner: mode, the reader field with its count, a timeout key per
     // hold with the lease.
     let r1 = rw.read().lock().await.unwrap();
-    let r2 = rw
-        .read()
-        .lock_with_lease(Duration::from_secs(20))
+    let r2 = r1
+        .run(|| async { rw.read().lock_with_lease(Duration::from_secs(20)).await })
         .await
+        .unwrap()
         .unwrap();
     let owner = r1.owner().to_string();
     assert_eq!(owner, r2.owner().to_string());
@@ -154,7 +154,8 @@ async fn wire_layout_matches_redisson() {
 
     // The writer: mode write, the field "<owner>:write".
     let (_sub, mut messages) = subscribe(&server.url(), "redisson_rwlock:{catalog}").await;
-    let w = rw.write().lock().await.unwrap();
+    let same: redbaton::Owner = owner.parse().unwrap();
+    let w = rw.write().with_owner(same.clone()).lock().await.unwrap();
     assert_eq!(w.owner().to_string(), owner);
     let hash = fields(&raw, "catalog").await;
     assert_eq!(hash.len(), 2, "{hash:?}");
@@ -175,7 +176,7 @@ async fn wire_layout_matches_redisson() {
 
     // A name with a hash tag: the timeout key is "<name>:<owner>:rwlock_timeout:<i>".
     let braced = client.read_write_lock("{shop}:catalog");
-    let r = braced.read().lock().await.unwrap();
+    let r = braced.read().with_owner(same).lock().await.unwrap();
     let key = format!("{{shop}}:catalog:{owner}:rwlock_timeout:1");
     assert_eq!(key, timeout_key("{shop}:catalog", &owner, 1));
     let t = pttl(&raw, &key).await;
@@ -334,7 +335,13 @@ async fn reentry_on_both_sides() {
 
     let w1 = write.lock().await.unwrap();
     let w2 = w1
-        .run(|| async { write.try_lock().await.unwrap().expect("the writer re-enters") })
+        .run(|| async {
+            write
+                .try_lock()
+                .await
+                .unwrap()
+                .expect("the writer re-enters")
+        })
         .await
         .unwrap();
     let owned_write = write.with_owner(w1.owner());
@@ -366,7 +373,12 @@ async fn a_writer_may_read_and_keeps_reading_after_its_write_unlock() {
     let rw = client.read_write_lock("downgrade");
     let (_sub, mut messages) = subscribe(&server.url(), rw.channel()).await;
     let w = rw.write().lock().await.unwrap();
-    let r = rw.read().lock().await.unwrap();
+    // In the write hold's scope: the same owner reads (the downgrade to come).
+    let r = w
+        .run(|| async { rw.read().lock().await })
+        .await
+        .unwrap()
+        .unwrap();
     let owner = w.owner().to_string();
     assert!(
         rw.read().is_locked().await.unwrap(),
@@ -376,9 +388,8 @@ async fn a_writer_may_read_and_keeps_reading_after_its_write_unlock() {
     assert_eq!(hash["mode"], "write");
     assert_eq!(hash[&owner], "1");
     // The writer re-enters its write hold while reading (no upgrade involved).
-    let w2 = rw
-        .write()
-        .try_lock()
+    let w2 = r
+        .run(|| async { rw.write().try_lock().await.unwrap() })
         .await
         .unwrap()
         .expect("writer re-enters");
@@ -420,16 +431,9 @@ async fn a_writers_own_read_unlock_never_shortens_its_write_lease() {
     let client = client(&server).await;
     let rw = client.read_write_lock("short-read");
     let w = rw.write().lock().await.unwrap();
-    let r1 = rw
-        .read()
-        .lock_with_lease(Duration::from_secs(1))
-        .await
-        .unwrap();
-    let r2 = rw
-        .read()
-        .lock_with_lease(Duration::from_secs(1))
-        .await
-        .unwrap();
+    let read = || async { rw.read().lock_with_lease(Duration::from_secs(1)).await };
+    let r1 = w.run(read).await.unwrap().unwrap();
+    let r2 = w.run(read).await.unwrap().unwrap();
     r1.unlock().await.unwrap();
     let ttl = pttl(&raw, "short-read").await;
     assert!(ttl > 25_000, "the writer's lease stays: {ttl}");
@@ -460,7 +464,7 @@ async fn a_reader_cannot_upgrade() {
         .await
         .unwrap();
     assert!(matches!(waiting, Err(Error::WouldDeadlock { .. })));
-    assert_eq!(trying.unwrap(), false, "a try cannot deadlock: it just fails");
+    assert!(!trying.unwrap(), "a try cannot deadlock: it just fails");
     let err = bounded.unwrap_err();
     assert!(matches!(err, Error::WouldDeadlock { ref name, .. } if name == "upgrade"));
     assert!(err.to_string().contains("upgrade"), "{err}");
@@ -468,8 +472,14 @@ async fn a_reader_cannot_upgrade() {
         start.elapsed() < Duration::from_secs(2),
         "refused at once, not after waiting"
     );
-    assert_eq!(rw.read().with_owner(r.owner()).hold_count().await.unwrap(), 1);
-    assert_eq!(rw.write().with_owner(r.owner()).hold_count().await.unwrap(), 0);
+    assert_eq!(
+        rw.read().with_owner(r.owner()).hold_count().await.unwrap(),
+        1
+    );
+    assert_eq!(
+        rw.write().with_owner(r.owner()).hold_count().await.unwrap(),
+        0
+    );
     let hash = fields(&raw, "upgrade").await;
     assert_eq!(hash.len(), 2, "nothing was written: {hash:?}");
     // Another owner's writer simply waits (no error: it does not hold a read hold).
@@ -556,7 +566,12 @@ async fn an_ended_write_lease_leaves_no_writer_behind() {
         .lock_with_lease(Duration::from_millis(300))
         .await
         .unwrap();
-    let r = rw.read().lock().await.unwrap();
+    // A read by the same owner: in the write hold's scope.
+    let r = w
+        .run(|| async { rw.read().lock().await })
+        .await
+        .unwrap()
+        .unwrap();
     let writer_field = format!("{}:write", w.owner());
     assert!(eventually(Duration::from_secs(5), || async { w.is_lost() }).await);
     assert!(
@@ -606,7 +621,12 @@ async fn an_ended_write_lease_downgrades_to_its_owners_reads_and_wakes_readers()
         .lock_with_lease(Duration::from_millis(300))
         .await
         .unwrap();
-    let r = rw.read().lock().await.unwrap();
+    // A read by the same owner: in the write hold's scope.
+    let r = w
+        .run(|| async { rw.read().lock().await })
+        .await
+        .unwrap()
+        .unwrap();
     let owner = r.owner().to_string();
     let reader = {
         let rw = b.read_write_lock("ended-wr");
@@ -766,10 +786,10 @@ async fn an_owners_remaining_read_holds_keep_its_longest_lease() {
         .lock_with_lease(Duration::from_millis(800))
         .await
         .unwrap();
-    let long = rw
-        .read()
-        .lock_with_lease(Duration::from_secs(20))
+    let long = short
+        .run(|| async { rw.read().lock_with_lease(Duration::from_secs(20)).await })
         .await
+        .unwrap()
         .unwrap();
     let owner = short.owner().to_string();
     short.unlock().await.unwrap();
@@ -969,7 +989,9 @@ async fn keys_that_are_not_read_write_locks_are_never_touched() {
     assert!(wrong(rw.write().lock().await.map(drop)));
     assert!(wrong(rw.write().try_lock().await.map(drop)));
     let someone: redbaton::Owner = format!("{}:1", client.id()).parse().unwrap();
-    assert!(wrong(rw.read().with_owner(someone).hold_count().await.map(drop)));
+    assert!(wrong(
+        rw.read().with_owner(someone).hold_count().await.map(drop)
+    ));
     assert!(wrong(rw.write().is_locked().await.map(drop)));
     assert!(wrong(rw.read().force_unlock().await.map(drop)));
     assert!(wrong(rw.write().force_unlock().await.map(drop)));
@@ -1061,9 +1083,14 @@ async fn shutdown_and_dropped_guards_release_read_and_write_holds() {
     let r1 = client.read_write_lock("s1").read().lock().await.unwrap();
     let r2 = client.read_write_lock("s1").read().lock().await.unwrap();
     let w = client.read_write_lock("s2").write().lock().await.unwrap();
-    let wr = client.read_write_lock("s2").read().lock().await.unwrap();
+    let s2 = client.read_write_lock("s2");
+    let wr = w
+        .run(|| async { s2.read().lock().await })
+        .await
+        .unwrap()
+        .unwrap();
     let w3 = client.read_write_lock("s3").write().lock().await.unwrap();
-    let w3b = client.read_write_lock("s3").write().lock().await.unwrap();
+    let w3b = w3.reenter().await.unwrap();
     client.shutdown().await.unwrap();
     for key in ["s1", "s2", "s3"] {
         assert!(!exists(&raw, key).await, "{key} released by shutdown");
@@ -1244,7 +1271,7 @@ async fn contender(client: Client, task: u64, log: Arc<Mutex<Vec<Section>>>) -> 
             5 => {
                 let outer = rw.read().lock().await.unwrap();
                 let start = Instant::now();
-                let inner = rw.read().lock().await.unwrap();
+                let inner = outer.reenter().await.unwrap();
                 tokio::time::sleep(hold).await;
                 inner.unlock().await.unwrap();
                 record(false, start);
@@ -1277,7 +1304,8 @@ async fn contender(client: Client, task: u64, log: Arc<Mutex<Vec<Section>>>) -> 
                 let start = Instant::now();
                 write_section(&client, name, hold).await;
                 writes += 1;
-                let r = rw.read().lock().await.unwrap();
+                let r = w.run(|| async { rw.read().lock().await }).await;
+                let r = r.unwrap().unwrap();
                 let read_start = Instant::now();
                 record(true, start);
                 w.unlock().await.unwrap();
@@ -1375,7 +1403,7 @@ async fn cluster_one_slot_per_name_and_wakeups_in_both_pubsub_modes() {
             let what = format!("{mode:?} {name}");
             // Readers hold (renewed across slots: the renewal touches the timeout keys too).
             let r = a.read_write_lock(name).read().lock().await.unwrap();
-            let r2 = a.read_write_lock(name).read().lock().await.unwrap();
+            let r2 = r.reenter().await.unwrap();
             let owner = r.owner().to_string();
             for i in [1, 2] {
                 let key = timeout_key(name, &owner, i);
@@ -1517,7 +1545,12 @@ async fn peer_read_unlock_keeps_our_reader_and_ours_keeps_the_peers() {
 
     // The hazard is real: without our timeout key, the peer's unlock deletes the hash under
     // our reader. (Shows the check above can fail.)
-    let ours = rw.read().lock().await.unwrap();
+    let ours = rw
+        .read()
+        .with_owner(owner.parse().unwrap())
+        .lock()
+        .await
+        .unwrap();
     assert_eq!(peer.read_lock("mixed", 3, 30_000).await, None);
     let _: i64 = raw.del(timeout_key("mixed", &owner, 1)).await.unwrap();
     assert_eq!(peer.read_unlock("mixed", 3).await, Some(1));

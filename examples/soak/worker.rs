@@ -516,11 +516,16 @@ impl Run<'_> {
         wait_ns: u64,
         rng: &mut fastrand::Rng,
     ) {
+        // In the outer hold's scope: the same owner re-enters.
         let inner = match op {
-            Op::ReWw | Op::ReFw => lock.lock().await,
+            Op::ReWw | Op::ReFw => outer.run(|| lock.lock()).await,
             // A shorter fixed lease inside: it must not shorten the outer hold.
-            _ => lock.lock_with_lease(fixed_lease(rng, 100, 1000)).await,
+            _ => {
+                let lease = fixed_lease(rng, 100, 1000);
+                outer.run(|| lock.lock_with_lease(lease)).await
+            }
         };
+        let inner = inner.and_then(|inner| inner);
         let inner = match inner {
             Ok(inner) => inner,
             Err(e) => {

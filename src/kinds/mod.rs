@@ -410,8 +410,9 @@ macro_rules! acquire_methods {
         /// await point it reached, the work stops there, and `run` returns
         /// [`Error::LeaseLost`]($crate::Error::LeaseLost). This is
         /// [`Guard::run`]($crate::Guard::run) between `lock()` and
-        /// [`unlock()`]($crate::Guard::unlock); the future runs in the calling task, so an
-        /// acquire of this lock inside it re-enters.
+        /// [`unlock()`]($crate::Guard::unlock); the future runs in the calling task, inside
+        /// the hold's scope, so an acquire of this lock made while it is polled re-enters (a
+        /// sibling future polled beside it does not: it is another owner).
         ///
         /// An acquire error is returned, and `f` is not called. A release that fails once the
         /// future completed does not cost its output: the output is returned, the failure is

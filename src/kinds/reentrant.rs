@@ -36,10 +36,33 @@ pub(crate) const UNLOCK_MESSAGE: &str = "0";
 /// holder's reentry count — Redisson's `RLock` layout, so Java services using Redisson and
 /// Rust services using redbaton exclude (and wake) each other on the same names.
 ///
-/// The owner number is the current tokio task's id (see [`Owner`]): nested `lock()` calls in
-/// one task re-enter and must each be released; other tasks, in this process or another, wait.
-/// A re-entry never shortens the lock's expiry, whatever lease it asks for: a hold ends with
-/// the longest lease among the owner's holds.
+/// # One holder means one holder
+///
+/// Every acquisition is a new owner (a fresh number from the client, see [`Owner`]) unless it
+/// is made inside a hold's *scope*: while the future given to [`run`](Lock::run) or
+/// [`Guard::run`](crate::Guard::run) is polled, an acquire of the same lock re-enters that
+/// hold, and [`Guard::reenter`](crate::Guard::reenter) does so without a closure. Each
+/// re-entry must be released. The owner is **not** the tokio task: futures polled together in
+/// one task (`join!`, `select!`, `FuturesUnordered`, `for_each_concurrent`) exclude each other
+/// like separate tasks, as with `tokio::sync::Mutex`:
+///
+/// ```no_run
+/// # async fn run(lock: redbaton::Lock) -> redbaton::Result<()> {
+/// let section = || async {
+///     let guard = lock.lock().await?; // one at a time, though both run in this task
+///     guard.unlock().await
+/// };
+/// let (a, b) = tokio::join!(section(), section());
+/// a?;
+/// b?;
+/// # Ok(()) }
+/// ```
+///
+/// Unlike `tokio::sync::Mutex`, the lock is re-entrant — but only by scope. A second `lock()`
+/// beside a guard still held, outside its scope, is another owner and waits for that guard
+/// (for ever, if the code waiting is the code keeping it): `try_lock` then returns `None`, and
+/// `lock()` logs a warning naming the fix. A re-entry never shortens the lock's expiry,
+/// whatever lease it asks for: a hold ends with the longest lease among the owner's holds.
 ///
 /// Waiting costs Redis almost nothing: a waiter subscribes to the lock's channel through the
 /// client's shared subscriber, re-checks once, and parks until an unlock message wakes it —
@@ -72,8 +95,9 @@ pub(crate) const UNLOCK_MESSAGE: &str = "0";
 /// let lock = client.lock("order:42");
 ///
 /// let outer = lock.lock().await?;          // waits as long as it takes
-/// let inner = lock.lock().await?;          // same task: re-enters
-/// assert_eq!(lock.hold_count().await?, 2);
+/// let inner = outer.reenter().await?;      // the same owner: re-enters, never waits
+/// let count = outer.run(|| lock.hold_count()).await??; // asked inside the hold's scope
+/// assert_eq!(count, 2);
 /// inner.unlock().await?;
 /// outer.unlock().await?;
 ///
