@@ -420,13 +420,13 @@ impl MultiLockGuard {
         until_lost(self.is_lost(), self.lost(), scoped, &self.description).await
     }
 
-    /// Takes every part again as its hold's owner (see [`Guard::reenter`]): a nested hold
+    /// Takes every part again as its hold's owner (see [`Guard::reenter`](crate::Guard::reenter)): a nested hold
     /// that never waits, released on its own. [`Error::NotHeld`] when this hold is lost (the
     /// parts re-entered meanwhile are released again in the background).
     ///
     /// # Cancel safety
     ///
-    /// As [`Guard::reenter`]'s, part by part.
+    /// As [`Guard::reenter`](crate::Guard::reenter)'s, part by part.
     #[must_use = "the guard holds the locks: dropping it at once releases them again"]
     pub async fn reenter(&self) -> Result<MultiLockGuard> {
         let not_held = || Error::NotHeld {
