@@ -3,9 +3,10 @@
 -- KEYS[1]  the lock hash
 -- KEYS[2]  the queue "redisson_lock_queue:{name}"
 -- KEYS[3]  the timeouts "redisson_lock_timeout:{name}"
--- KEYS[4]  the channel prefix "redisson_lock__channel:{name}"
 -- ARGV[1]  unlock message ("0")
 -- ARGV[2]  publish command: PUBLISH or SPUBLISH
+-- ARGV[3]  the channel prefix "redisson_lock__channel:{name}"
+--          (an argument, not a key: see `lua_script!` in src/conn.rs)
 -- Reply: 1 when a lock was deleted, 0 when there was none.
 -- "Now" is the server's clock (TIME): every redbaton client reads the same one.
 local time = redis.call('time')
@@ -32,6 +33,6 @@ end
 redis.call('del', KEYS[1])
 local head = redis.call('lindex', KEYS[2], 0)
 if head then
-    redis.call(ARGV[2], KEYS[4] .. ':' .. head, ARGV[1])
+    redis.call(ARGV[2], ARGV[3] .. ':' .. head, ARGV[1])
 end
 return 1

@@ -3,12 +3,13 @@
 -- KEYS[1]  the lock hash
 -- KEYS[2]  the queue "redisson_lock_queue:{name}"
 -- KEYS[3]  the timeouts "redisson_lock_timeout:{name}"
--- KEYS[4]  the channel prefix "redisson_lock__channel:{name}" (the head's is "<prefix>:<field>")
 -- ARGV[1]  owner field
 -- ARGV[2]  how many holds to release at most (1 for an unlock)
 -- ARGV[3]  how many holds to keep at least
 -- ARGV[4]  unlock message ("0")
 -- ARGV[5]  publish command: PUBLISH or SPUBLISH
+-- ARGV[6]  the channel prefix "redisson_lock__channel:{name}" (the head's is "<prefix>:<field>")
+--          (an argument, not a key: see `lua_script!` in src/conn.rs)
 -- Reply: -1 when the owner holds nothing, 0 when the lock was released, else the owner's
 --        remaining count. The expiry is left alone while holds remain.
 -- "Now" is the server's clock (TIME): every redbaton client reads the same one.
@@ -30,7 +31,7 @@ end
 local function wake_head()
     local head = redis.call('lindex', KEYS[2], 0)
     if head then
-        redis.call(ARGV[5], KEYS[4] .. ':' .. head, ARGV[4])
+        redis.call(ARGV[5], ARGV[6] .. ':' .. head, ARGV[4])
     end
 end
 

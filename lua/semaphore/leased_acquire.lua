@@ -2,10 +2,11 @@
 -- KEYS[1]  N: the counter of free permits (a string; absent = not initialised)
 -- KEYS[2]  T: "{name}:timeout", a zset of taken permits: member = the permit id as 16 raw
 --          bytes, score = the end of its lease in epoch ms (922337203685477: no lease)
--- KEYS[3]  C: the channel "redisson_sc:{name}"
 -- ARGV[1]  the permit's field: "<client uuid>:<32 hex digits of the id>"
 -- ARGV[2]  the lease in ms
 -- ARGV[3]  publish command: PUBLISH or SPUBLISH
+-- ARGV[4]  C: the channel "redisson_sc:{name}"
+--          (an argument, not a key: see `lua_script!` in src/conn.rs)
 -- Reply: {1, 1, hex id} when taken; {0, ms} when none is free and the first lease ends in ms
 --        milliseconds; {0, -1} when none is free and no lease is due.
 -- "Now" is the server's clock (TIME): every redbaton client reads the same one.
@@ -45,7 +46,7 @@ if value and free >= 1 then
         redis.call('pexpire', KEYS[2], pttl)
     end
     if #expired > 0 and free > 1 then
-        redis.call(ARGV[3], KEYS[3], free - 1)
+        redis.call(ARGV[3], ARGV[4], free - 1)
     end
     return {1, 1, hex}
 end
