@@ -1096,6 +1096,116 @@ async fn migration_sharded_releases_reach_the_waiter() {
     releases_survive_a_slot_migration(PubSubMode::Sharded).await;
 }
 
+/// A script run on a node whose slot is MIGRATING fails half-way (its writes so far kept) when
+/// it touches a key the node no longer has — one the script itself just emptied. Scripts that
+/// empty a key run there now that channels are not keys (which made Redis refuse them
+/// before they ran): the baton pass (it deletes the hash, then writes the next owner), a
+/// fair-lock release that drops an expired waiter, the last in the queue, and a leased
+/// acquire that reclaims the last permit before it takes one. Each finishes while the slot is
+/// open, and the state stays right.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_that_empty_a_key_finish_on_a_migrating_node() {
+    let cluster = RedisCluster::start(3, 0);
+    let topology = cluster.topology();
+    let other = client(&cluster, PubSubMode::Sharded, Duration::from_secs(30)).await;
+    let client = client(&cluster, PubSubMode::Sharded, Duration::from_secs(30)).await;
+    let prompt = Duration::from_secs(5);
+    let open = |name: &str| {
+        let moving = slot(name);
+        let from = cluster.primary_for_slot(moving);
+        let to = topology
+            .iter()
+            .find(|n| n.primary && n.port != from)
+            .unwrap()
+            .port;
+        cluster.begin_migration(moving, from, to);
+        (moving, from, to)
+    };
+
+    // The baton pass: a task of the same client is parked, nobody else listens.
+    let lock = client.lock("emptied:pass");
+    let held = lock.lock().await.unwrap();
+    let next = {
+        let lock = lock.clone();
+        tokio::spawn(async move { lock.lock().await.unwrap().unlock().await })
+    };
+    assert!(
+        support::eventually(prompt, || async { lock.passable_waiters() == 1 }).await,
+        "the waiter parked"
+    );
+    let (moving, from, to) = open("emptied:pass");
+    held.unlock()
+        .await
+        .unwrap_or_else(|e| panic!("pass on a migrating node: {e}"));
+    tokio::time::timeout(prompt, next)
+        .await
+        .expect("the parked task got the lock, migration open")
+        .unwrap()
+        .unwrap();
+    cluster.cancel_migration(moving, from, to);
+    assert!(!lock.is_locked().await.unwrap());
+
+    // A fair-lock release whose queue holds one waiter, dead (its timeout passed).
+    let fair = client.fair_lock("emptied:fair");
+    let held = fair.lock().await.unwrap();
+    let port = cluster.primary_for_slot(slot(fair.key()));
+    assert_eq!(
+        cli(port, &["rpush", fair.queue_key(), "dead:1"]).trim(),
+        "1"
+    );
+    assert_eq!(
+        cli(port, &["zadd", fair.timeout_key(), "1", "dead:1"]).trim(),
+        "1"
+    );
+    let (moving, from, to) = open("emptied:fair");
+    held.unlock()
+        .await
+        .unwrap_or_else(|e| panic!("fair release on a migrating node: {e}"));
+    assert!(!fair.is_locked().await.unwrap());
+    cluster.cancel_migration(moving, from, to);
+    assert_eq!(cli(port, &["exists", fair.queue_key()]).trim(), "0");
+
+    // A leased acquire that reclaims the only permit, whose lease ended, and takes it.
+    let semaphore = client.leased_semaphore("emptied:leased");
+    assert!(semaphore.try_set_permits(1).await.unwrap());
+    let expired = semaphore
+        .try_acquire_with_lease(Duration::ZERO, Duration::from_millis(50))
+        .await
+        .unwrap()
+        .expect("free");
+    let port = cluster.primary_for_slot(slot(semaphore.key()));
+    let server_ms = || {
+        let time = cli(port, &["time"]);
+        let mut parts = time.lines().map(|l| l.trim().parse::<u64>().unwrap());
+        parts.next().unwrap() * 1000 + parts.next().unwrap() / 1000
+    };
+    // Its lease ended by the server's clock (the reclaim reads that one).
+    assert!(
+        support::eventually(prompt, || async {
+            let now = server_ms().to_string();
+            let count = cli(port, &["zcount", semaphore.timeout_key(), "0", &now]);
+            count.trim() == "1"
+        })
+        .await,
+        "the permit's lease ended"
+    );
+    let (moving, from, to) = open("emptied:leased");
+    let taken = other
+        .leased_semaphore("emptied:leased")
+        .try_acquire()
+        .await
+        .unwrap_or_else(|e| panic!("leased acquire on a migrating node: {e}"))
+        .expect("the expired permit was reclaimed and taken");
+    assert_eq!(semaphore.available_permits().await.unwrap(), 0);
+    taken.release().await.unwrap();
+    cluster.cancel_migration(moving, from, to);
+    assert_eq!(semaphore.available_permits().await.unwrap(), 1);
+    assert!(expired.release().await.is_err(), "its lease had ended");
+    assert_eq!(semaphore.available_permits().await.unwrap(), 1);
+    client.shutdown().await.unwrap();
+    other.shutdown().await.unwrap();
+}
+
 /// Two clients × four tasks contend for four names while the names' slots move back and forth
 /// between primaries: no call fails, and no wait comes near the 30 s lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -32,9 +32,10 @@ for i = at + 1, #queue do
         redis.call('zincrby', KEYS[3], -wait, queue[i])
     end
 end
-redis.call('lrem', KEYS[2], 0, ARGV[1])
-
-while true do
+-- A node migrating the slot away fails a script half-way when it reads a key it no longer
+-- has: once the last entry is dropped, the queue (and the timeouts with it) is not read again.
+local queued = redis.call('lrem', KEYS[2], 0, ARGV[1]) < #queue
+while queued do
     local head = redis.call('lindex', KEYS[2], 0)
     if not head then
         break
@@ -43,10 +44,11 @@ while true do
     if not timeout or tonumber(timeout) > now then
         break
     end
+    queued = redis.call('lindex', KEYS[2], 1) ~= false
     redis.call('zrem', KEYS[3], head)
     redis.call('lpop', KEYS[2])
 end
-local head = redis.call('lindex', KEYS[2], 0)
+local head = queued and redis.call('lindex', KEYS[2], 0)
 if head and head ~= queue[1] and redis.call('exists', KEYS[1]) == 0 then
     redis.call(ARGV[4], ARGV[5] .. ':' .. head, ARGV[3])
 end

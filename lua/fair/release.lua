@@ -15,7 +15,10 @@
 -- "Now" is the server's clock (TIME): every redbaton client reads the same one.
 local time = redis.call('time')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-while true do
+-- A node migrating the slot away fails a script half-way when it reads a key it no longer
+-- has: once the last entry is dropped, the queue (and the timeouts with it) is not read again.
+local queued = true
+while queued do
     local head = redis.call('lindex', KEYS[2], 0)
     if not head then
         break
@@ -24,12 +27,13 @@ while true do
     if not timeout or tonumber(timeout) > now then
         break
     end
+    queued = redis.call('lindex', KEYS[2], 1) ~= false
     redis.call('zrem', KEYS[3], head)
     redis.call('lpop', KEYS[2])
 end
 
 local function wake_head()
-    local head = redis.call('lindex', KEYS[2], 0)
+    local head = queued and redis.call('lindex', KEYS[2], 0)
     if head then
         redis.call(ARGV[5], ARGV[6] .. ':' .. head, ARGV[4])
     end

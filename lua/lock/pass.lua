@@ -26,11 +26,14 @@ end
 -- effect, and the client releases the ordinary way.
 local subscribers = redis.call('pubsub', ARGV[5], ARGV[8])[2]
 redis.call('del', KEYS[1])
-if subscribers > tonumber(ARGV[4]) then
-    redis.call(ARGV[7], ARGV[8], ARGV[6])
-    return 0
+if subscribers <= tonumber(ARGV[4]) then
+    -- The commands the release and acquire scripts use, so no other permission is needed.
+    -- A node migrating the slot away refuses a command on a key it no longer has (the one
+    -- just deleted): the pass then ends as an ordinary release, message and all.
+    if type(redis.pcall('hincrby', KEYS[1], ARGV[2], 1)) == 'number' then
+        redis.call('pexpire', KEYS[1], ARGV[3])
+        return -2
+    end
 end
--- The commands the release and acquire scripts use, so no other permission is needed.
-redis.call('hincrby', KEYS[1], ARGV[2], 1)
-redis.call('pexpire', KEYS[1], ARGV[3])
-return -2
+redis.call(ARGV[7], ARGV[8], ARGV[6])
+return 0
