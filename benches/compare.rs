@@ -522,8 +522,8 @@ impl Ctx {
                 let _: i64 = release
                     .evalsha(
                         redis,
-                        vec![key.as_str(), channel.as_str()],
-                        vec![field.as_str(), "1", "0", "0", "PUBLISH"],
+                        key.as_str(),
+                        vec![field.as_str(), "1", "0", "0", "PUBLISH", channel.as_str()],
                     )
                     .await
                     .expect("release");
@@ -1143,13 +1143,14 @@ async fn uncontended(server: &RedisServer, opts: &Opts, out: &mut String) -> Flo
                 let _: Value = unlock_script
                     .evalsha(
                         &redis,
-                        vec![key, channel],
+                        key,
                         vec![
                             Value::from("bench-raw:1"),
                             Value::from(1i64),
                             Value::from(0i64),
                             "0".into(),
                             "PUBLISH".into(),
+                            channel.into(),
                         ],
                     )
                     .await

@@ -47,6 +47,14 @@ use crate::Error;
 pub(crate) type LuaScript = LazyLock<Script>;
 
 /// Defines a `static` [`LuaScript`] from a file under `lua/`.
+///
+/// The scripts declare real keys only; channels are arguments. While a cluster slot migrates,
+/// Redis refuses (TRYAGAIN) a script whose declared keys are partly absent, and a channel never
+/// exists as a key: declared, it held every release back until the migration ended. Publishing
+/// to an undeclared channel is allowed (`PUBLISH` has no key; `SPUBLISH`'s channel is in the
+/// key's slot, which the name rules ensure). Real keys stay declared, even where only a prefix
+/// of theirs can be: a script that touches an undeclared key absent from a migrating node
+/// fails half-way ("non local key").
 macro_rules! lua_script {
     ($name:ident, $path:literal) => {
         pub(crate) static $name: $crate::conn::LuaScript = std::sync::LazyLock::new(|| {

@@ -361,9 +361,13 @@ impl LeasedSemaphore {
         let named = &inner.named;
         named.check()?;
         let conn = &named.client.conn;
-        let keys = [&*inner.counter, &*named.key, &*inner.channel];
+        let keys = [&*inner.counter, &*named.key];
+        let args = vec![
+            Value::from(conn.publish_command()),
+            Value::from(&*inner.channel),
+        ];
         let (free, taken): (i64, i64) = conn
-            .eval(&STATE, &keys, vec![Value::from(conn.publish_command())])
+            .eval(&STATE, &keys, args)
             .await
             .map_err(|e| named.error(&e))?;
         Ok((free, taken.max(0) as u64))
@@ -449,8 +453,9 @@ impl Kind for LeasedSemaphore {
             Value::from(field),
             Value::from(lease_ms),
             Value::from(conn.publish_command()),
+            Value::from(&*inner.channel),
         ];
-        let keys = [&*inner.counter, &*inner.named.key, &*inner.channel];
+        let keys = [&*inner.counter, &*inner.named.key];
         conn.call(&ACQUIRE, &keys, args)
     }
 
@@ -506,8 +511,9 @@ impl HoldOps for Inner {
             Value::from(i64::from(max)),
             Value::from(i64::from(keep)),
             Value::from(conn.publish_command()),
+            Value::from(&*self.channel),
         ];
-        let keys = [&*self.counter, &*self.named.key, &*self.channel];
+        let keys = [&*self.counter, &*self.named.key];
         conn.call(&RELEASE, &keys, args)
     }
 

@@ -308,9 +308,10 @@ pub(crate) async fn set_permits(
     let args = vec![
         Value::from(i64::from(permits)),
         Value::from(conn.publish_command()),
+        Value::from(channel),
     ];
     let set: i64 = conn
-        .eval(&SET_PERMITS, &[counter, channel], args)
+        .eval(&SET_PERMITS, &[counter], args)
         .await
         .map_err(|e| named.error(&e))?;
     Ok(set == 1)
@@ -341,8 +342,9 @@ pub(crate) async fn add_permits(
         Value::from(delta),
         Value::from(conn.publish_command()),
         Value::from(message),
+        Value::from(channel),
     ];
-    let mut keys = vec![counter, channel];
+    let mut keys = vec![counter];
     keys.extend(leased);
     // A counted call, never re-sent blind: a second run would add twice.
     let call = conn.call(&ADD_PERMITS, &keys, args);
@@ -404,8 +406,9 @@ async fn give_back(inner: Arc<Inner>, permits: u32) -> Result<i64> {
     let args = vec![
         Value::from(i64::from(permits)),
         Value::from(conn.publish_command()),
+        Value::from(&*inner.channel),
     ];
-    let call = conn.call(&RELEASE, &[&named.key, &inner.channel], args);
+    let call = conn.call(&RELEASE, &[&*named.key], args);
     match bounded(call, conn).await {
         Ok(Value::Null) => Err(out_of_range(named, &format!("releasing {permits} permits"))),
         Ok(reply) => reply.as_i64().ok_or_else(|| {

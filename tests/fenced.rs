@@ -480,7 +480,6 @@ async fn a_fenced_lock_user_needs_the_token_key_incr_and_get() {
         "on",
         ">lock-pw",
         "~locks:*",
-        "~redisson_lock__channel:*",
         "&redisson_lock__channel:*",
         "+evalsha",
         "+script|load",

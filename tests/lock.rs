@@ -868,8 +868,9 @@ fn parsed_lines(lines: &[String]) -> Vec<(String, Vec<String>)> {
     lines.iter().filter_map(|l| monitor_line(l)).collect()
 }
 
-/// Positions in `parsed` of acquire attempts on `key`: EVALSHAs of the lock script (one key;
-/// the unlock script has two) sent by a client, not from inside a script.
+/// Positions in `parsed` of acquire attempts on `key`: EVALSHAs of the lock script (one key
+/// and two arguments, lease and owner; the unlock script has six) sent by a client, not from
+/// inside a script.
 fn lock_attempts(parsed: &[(String, Vec<String>)], key: &str) -> Vec<usize> {
     parsed
         .iter()
@@ -879,6 +880,7 @@ fn lock_attempts(parsed: &[(String, Vec<String>)], key: &str) -> Vec<usize> {
                 && w[0] == "evalsha"
                 && w.get(2).map(String::as_str) == Some("1")
                 && w.get(3).map(String::as_str) == Some(key)
+                && w.len() == 6
         })
         .map(|(i, _)| i)
         .collect()

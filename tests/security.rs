@@ -57,9 +57,7 @@ const LOCK_USER_ACL: &[&str] = &[
     "on",
     ">lock-pw",
     "~locks:*",
-    // The channel travels as a script KEY (it keeps key and channel in one cluster slot),
-    // so Redis checks it against the key patterns too.
-    "~redisson_lock__channel:*",
+    // The channel is a script argument, not a key: a channel pattern is all it needs.
     "&redisson_lock__channel:*",
     // Called by the client.
     "+evalsha",

@@ -1,17 +1,18 @@
 -- Release read holds of one owner (Redisson's read-unlock, for up to `max` holds at once).
 -- KEYS[1]  the lock hash
--- KEYS[2]  the lock's channel "redisson_rwlock:{name}"
--- KEYS[3]  this owner's timeout-key prefix "{name}:<uuid>:<n>:rwlock_timeout"
--- KEYS[4]  the key prefix of every owner's timeout keys: "{name}" (the name itself when it
---          has a "{"), so owner f's hold i has the key "<KEYS[4]>:<f>:rwlock_timeout:<i>"
+-- KEYS[2]  this owner's timeout-key prefix "{name}:<uuid>:<n>:rwlock_timeout"
+-- KEYS[3]  the key prefix of every owner's timeout keys: "{name}" (the name itself when it
+--          has a "{"), so owner f's hold i has the key "<KEYS[3]>:<f>:rwlock_timeout:<i>"
 -- ARGV[1]  owner field "<uuid>:<n>"
 -- ARGV[2]  how many holds to release at most (1 for an unlock)
 -- ARGV[3]  how many holds to keep at least (0 for an unlock)
 -- ARGV[4]  read-unlock message ("0")
 -- ARGV[5]  publish command: PUBLISH or SPUBLISH
+-- ARGV[6]  the lock's channel "redisson_rwlock:{name}"
+--          (an argument, not a key: see `lua_script!` in src/conn.rs)
 -- Reply: -1 when the owner holds no read hold (or the key is no read/write lock), else the owner's remaining count (0: none).
 --
--- As Redisson: releasing hold i deletes the timeout key "<KEYS[3]>:i" of the highest index;
+-- As Redisson: releasing hold i deletes the timeout key "<KEYS[2]>:i" of the highest index;
 -- then, while other fields remain, the hash's expiry becomes the longest remaining timeout key
 -- of any owner (readers with expired timeout keys are dead and do not count). If none is
 -- left in read mode, the lock is deleted and "0" published; in write mode (the writer's own
@@ -41,13 +42,13 @@ end
 local remaining = count - release
 local longest = -3
 for i = remaining + 1, count do
-    local key = KEYS[3] .. ':' .. i
+    local key = KEYS[2] .. ':' .. i
     longest = math.max(longest, redis.call('pttl', key))
     redis.call('del', key)
 end
 if remaining > 0 then
     redis.call('hset', KEYS[1], ARGV[1], remaining)
-    local top = KEYS[3] .. ':' .. remaining
+    local top = KEYS[2] .. ':' .. remaining
     if longest > 0 and redis.call('pttl', top) < longest then
         redis.call('set', top, 1, 'px', millis(longest))
     end
@@ -61,7 +62,7 @@ if redis.call('hlen', KEYS[1]) > 1 then
         if n then
             for i = n, 1, -1 do
                 max_left = math.max(max_left,
-                    redis.call('pttl', KEYS[4] .. ':' .. field .. ':rwlock_timeout:' .. i))
+                    redis.call('pttl', KEYS[3] .. ':' .. field .. ':rwlock_timeout:' .. i))
             end
         end
     end
@@ -76,11 +77,11 @@ if redis.call('hlen', KEYS[1]) > 1 then
         redis.call('pexpire', KEYS[1], millis(max_left))
         if max_left < before then
             -- Waiters park until the expiry they last read: tell them it came closer.
-            redis.call(ARGV[5], KEYS[2], '-' .. millis(max_left))
+            redis.call(ARGV[5], ARGV[6], '-' .. millis(max_left))
         end
         return remaining
     end
 end
 redis.call('del', KEYS[1])
-redis.call(ARGV[5], KEYS[2], ARGV[4])
+redis.call(ARGV[5], ARGV[6], ARGV[4])
 return 0

@@ -1,11 +1,12 @@
 -- Release write holds of one owner (Redisson's write-unlock, for up to `max` holds at once).
 -- KEYS[1]  the lock hash
--- KEYS[2]  the lock's channel "redisson_rwlock:{name}"
 -- ARGV[1]  writer field "<uuid>:<n>:write"
 -- ARGV[2]  how many holds to release at most (1 for an unlock)
 -- ARGV[3]  how many holds to keep at least (0 for an unlock)
 -- ARGV[4]  write-unlock message ("1": wakes every waiter, readers may all get in)
 -- ARGV[5]  publish command: PUBLISH or SPUBLISH
+-- ARGV[6]  the lock's channel "redisson_rwlock:{name}"
+--          (an argument, not a key: see `lua_script!` in src/conn.rs)
 -- Reply: -1 when the owner does not hold the write lock, else its remaining count (0: none).
 --
 -- At count 0 the writer field goes. If only "mode" is left, the lock is deleted and "1"
@@ -34,9 +35,9 @@ end
 redis.call('hdel', KEYS[1], ARGV[1])
 if redis.call('hlen', KEYS[1]) == 1 then
     redis.call('del', KEYS[1])
-    redis.call(ARGV[5], KEYS[2], ARGV[4])
+    redis.call(ARGV[5], ARGV[6], ARGV[4])
 else
     redis.call('hset', KEYS[1], 'mode', 'read')
-    redis.call(ARGV[5], KEYS[2], ARGV[4])
+    redis.call(ARGV[5], ARGV[6], ARGV[4])
 end
 return 0

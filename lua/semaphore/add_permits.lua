@@ -1,12 +1,13 @@
 -- Add to (or, with a negative delta, take from) a semaphore's free permits (addPermits).
 -- KEYS[1]  the counter (created when absent)
--- KEYS[2]  the channel "redisson_sc:{name}"
--- KEYS[3]  optional: the zset of taken permits of a leased semaphore, which all come back to
+-- KEYS[2]  optional: the zset of taken permits of a leased semaphore, which all come back to
 --          the counter one day
 -- ARGV[1]  the delta
 -- ARGV[2]  publish command: PUBLISH or SPUBLISH
 -- ARGV[3]  what the message carries: "count" (the new count: RSemaphore) or "delta" (the
 --          delta: RPermitExpirableSemaphore)
+-- ARGV[4]  the channel "redisson_sc:{name}"
+--          (an argument, not a key: see `lua_script!` in src/conn.rs)
 -- Reply: the new number of free permits; nil, with nothing changed, when the count (with the
 --        taken permits) would move out of a Java int, which a Redisson peer reads it as (a
 --        count already out, set by hand, may be moved back).
@@ -19,8 +20,8 @@ end
 local delta = tonumber(ARGV[1])
 local free = tonumber(value or '0') + delta
 local taken = 0
-if KEYS[3] then
-    taken = redis.call('zcard', KEYS[3])
+if KEYS[2] then
+    taken = redis.call('zcard', KEYS[2])
 end
 if (delta > 0 and free + taken > 2147483647) or (delta < 0 and free < -2147483648) then
     return false
@@ -31,6 +32,6 @@ if ARGV[3] == 'delta' then
     message = delta
 end
 if message > 0 then
-    redis.call(ARGV[2], KEYS[2], string.format('%d', message))
+    redis.call(ARGV[2], ARGV[4], string.format('%d', message))
 end
 return free

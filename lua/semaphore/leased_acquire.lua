@@ -2,10 +2,11 @@
 -- KEYS[1]  N: the counter of free permits (a string; absent = not initialised)
 -- KEYS[2]  T: "{name}:timeout", a zset of taken permits: member = the permit id as 16 raw
 --          bytes, score = the end of its lease in epoch ms (922337203685477: no lease)
--- KEYS[3]  C: the channel "redisson_sc:{name}"
 -- ARGV[1]  the permit's field: "<client uuid>:<32 hex digits of the id>"
 -- ARGV[2]  the lease in ms
 -- ARGV[3]  publish command: PUBLISH or SPUBLISH
+-- ARGV[4]  C: the channel "redisson_sc:{name}"
+--          (an argument, not a key: see `lua_script!` in src/conn.rs)
 -- Reply: {1, 1, hex id} when taken; {0, ms} when none is free and the first lease ends in ms
 --        milliseconds; {0, -1} when none is free and no lease is due.
 -- "Now" is the server's clock (TIME): every redbaton client reads the same one.
@@ -30,26 +31,42 @@ if taken and tonumber(taken) > now then
 end
 
 local expired = redis.call('zrangebyscore', KEYS[2], 0, now, 'limit', 0, 100)
-local free = tonumber(value or '0')
-if #expired > 0 then
-    redis.call('zrem', KEYS[2], unpack(expired))
-    free = redis.call('incrby', KEYS[1], #expired)
-    value = free
+local free = tonumber(value or '0') + #expired
+-- A node migrating the slot away fails a script half-way when it touches a key it no longer
+-- has: the set of taken permits is emptied (by reclaiming its last ones) only when nothing
+-- reads or writes it afterwards. `keep` is a permit already written again.
+local function reclaim(keep)
+    if #expired == 0 then
+        return
+    end
+    local gone = {}
+    for _, member in ipairs(expired) do
+        if member ~= keep then
+            gone[#gone + 1] = member
+        end
+    end
+    if #gone > 0 then
+        redis.call('zrem', KEYS[2], unpack(gone))
+    end
+    redis.call('incrby', KEYS[1], #expired)
 end
-if value and free >= 1 then
-    redis.call('decrby', KEYS[1], 1)
+if (value or #expired > 0) and free >= 1 then
     local expiry = math.min(now + tonumber(ARGV[2]), SENTINEL - 1)
     redis.call('zadd', KEYS[2], expiry, id)
+    reclaim(id)
+    redis.call('decrby', KEYS[1], 1)
     local pttl = redis.call('pttl', KEYS[1])
     if pttl > 0 then
         redis.call('pexpire', KEYS[2], pttl)
     end
     if #expired > 0 and free > 1 then
-        redis.call(ARGV[3], KEYS[3], free - 1)
+        redis.call(ARGV[3], ARGV[4], free - 1)
     end
     return {1, 1, hex}
 end
-local first = redis.call('zrange', KEYS[2], 0, 0, 'withscores')
+-- The first permit left once the expired ones (the lowest scores) are gone.
+local first = redis.call('zrange', KEYS[2], #expired, #expired, 'withscores')
+reclaim(nil)
 if first[2] and tonumber(first[2]) < SENTINEL then
     return {0, math.max(1, tonumber(first[2]) - now)}
 end

@@ -1,8 +1,9 @@
 -- Reclaim every permit whose lease ended, then count (availablePermits, acquiredPermits).
 -- KEYS[1]  N: the counter of free permits
 -- KEYS[2]  T: "{name}:timeout", the zset of taken permits
--- KEYS[3]  C: the channel "redisson_sc:{name}"
 -- ARGV[1]  publish command: PUBLISH or SPUBLISH
+-- ARGV[2]  C: the channel "redisson_sc:{name}"
+--          (an argument, not a key: see `lua_script!` in src/conn.rs)
 -- Reply: {free permits (0 when not initialised), permits taken}.
 -- Reclaimed permits are announced with the new free count, when positive.
 local time = redis.call('time')
@@ -20,7 +21,7 @@ if #expired > 0 then
     end
     free = redis.call('incrby', KEYS[1], #expired)
     if free > 0 then
-        redis.call(ARGV[1], KEYS[3], free)
+        redis.call(ARGV[1], ARGV[2], free)
     end
 end
 return {free, taken - #expired}

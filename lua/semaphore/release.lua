@@ -1,8 +1,9 @@
 -- Give permits back to a semaphore and tell waiters how many are free now.
 -- KEYS[1]  the counter (created when absent, as Redisson does)
--- KEYS[2]  the channel "redisson_sc:{name}"
 -- ARGV[1]  how many permits (>= 1)
 -- ARGV[2]  publish command: PUBLISH or SPUBLISH
+-- ARGV[3]  the channel "redisson_sc:{name}"
+--          (an argument, not a key: see `lua_script!` in src/conn.rs)
 -- Reply: the new number of free permits; nil, with nothing changed, when it would pass the
 --        largest Java int, which a Redisson peer reads it as.
 -- The message is the new count, as Redisson publishes it, but only when it is positive:
@@ -16,6 +17,6 @@ if tonumber(value or '0') + tonumber(ARGV[1]) > 2147483647 then
 end
 local free = redis.call('incrby', KEYS[1], ARGV[1])
 if free > 0 then
-    redis.call(ARGV[2], KEYS[2], free)
+    redis.call(ARGV[2], ARGV[3], free)
 end
 return free

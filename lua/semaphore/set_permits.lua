@@ -1,15 +1,16 @@
 -- Initialise a semaphore's free permits, only if it has none set yet (trySetPermits).
 -- KEYS[1]  the counter
--- KEYS[2]  the channel "redisson_sc:{name}"
 -- ARGV[1]  the number of permits (>= 0)
 -- ARGV[2]  publish command: PUBLISH or SPUBLISH
+-- ARGV[3]  the channel "redisson_sc:{name}"
+--          (an argument, not a key: see `lua_script!` in src/conn.rs)
 -- Reply: 1 when set (and, if positive, published), 0 when the counter already exists.
 -- A key of another type is refused (WRONGTYPE), never reported as "already set".
 local kind = redis.call('type', KEYS[1]).ok
 if kind == 'none' then
     redis.call('set', KEYS[1], ARGV[1])
     if tonumber(ARGV[1]) > 0 then
-        redis.call(ARGV[2], KEYS[2], ARGV[1])
+        redis.call(ARGV[2], ARGV[3], ARGV[1])
     end
     return 1
 end

@@ -263,6 +263,7 @@ impl FairLock {
         let args = vec![
             Value::from(UNLOCK_MESSAGE),
             Value::from(conn.publish_command()),
+            Value::from(&*self.inner.hash.channel),
         ];
         let (deleted, ack): (i64, Ack) = conn
             .eval_synced(&FORCE_UNLOCK, &self.inner.keys(), args)
@@ -277,15 +278,10 @@ impl FairLock {
 }
 
 impl Inner {
-    /// The hash, the queue, the timeouts and the channel prefix: the keys of every script
-    /// but acquire (which publishes nothing).
-    fn keys(&self) -> [&str; 4] {
-        [
-            &self.hash.named.key,
-            &self.queue,
-            &self.timeouts,
-            &self.hash.channel,
-        ]
+    /// The hash, the queue and the timeouts: the keys of every script (the channel prefix
+    /// goes as an argument).
+    fn keys(&self) -> [&str; 3] {
+        [&self.hash.named.key, &self.queue, &self.timeouts]
     }
 }
 
@@ -340,6 +336,7 @@ impl Kind for FairLock {
             Value::from(self.waiting.wait_ms),
             Value::from(UNLOCK_MESSAGE),
             Value::from(conn.publish_command()),
+            Value::from(&*self.inner.hash.channel),
         ];
         Some(conn.call(&GIVE_UP, &self.inner.keys(), args))
     }
@@ -388,6 +385,7 @@ impl HoldOps for Inner {
             Value::from(i64::from(keep)),
             Value::from(UNLOCK_MESSAGE),
             Value::from(conn.publish_command()),
+            Value::from(&*self.hash.channel),
         ];
         conn.call(&RELEASE, &self.keys(), args)
     }

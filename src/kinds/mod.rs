@@ -56,6 +56,14 @@ impl Named {
         &self.key[self.name.clone()]
     }
 
+    /// The key the name makes (the client's key prefix, then the name), whatever
+    /// [`rekey`](Self::rekey) made the key: the one the kind's channel and other keys are
+    /// derived from, so the one whose slot they must share.
+    fn name_key(&self) -> &str {
+        let prefix = self.client.config.key_prefix.len();
+        &self.key[self.name.start - prefix..self.name.end]
+    }
+
     /// Refuses use after shutdown and names Redis cannot take. (The name is checked here, not
     /// once when the handle is made: a handle is often made for one call, and a field for
     /// the verdict would be kept in every one of them.)
@@ -70,13 +78,13 @@ impl Named {
             ))),
             // On a cluster, a script may only touch keys (and shard channels) of one slot: a
             // lock whose channel lands elsewhere could be taken but never released.
-            _ if self.client.conn.is_clustered() && !one_slot(&self.key) => {
+            _ if self.client.conn.is_clustered() && !one_slot(self.name_key()) => {
                 Err(Error::InvalidArgument(format!(
                     "lock name {:?} cannot be used on a cluster: its key and its channel {:?} \
                      hash to different slots (a name with a '{{' needs a non-empty hash tag \
                      closed after it, as in \"{{tag}}:rest\"; one without must not contain '}}')",
                     self.name(),
-                    prefix_name("redisson_lock__channel", &self.key),
+                    prefix_name("redisson_lock__channel", self.name_key()),
                 )))
             }
             _ => Ok(()),

@@ -195,9 +195,13 @@ impl HashLock {
         let named = &self.named;
         named.check()?;
         let conn = &named.client.conn;
-        let args = vec![Value::from(UNLOCK_MESSAGE), conn.publish_command().into()];
+        let args = vec![
+            Value::from(UNLOCK_MESSAGE),
+            conn.publish_command().into(),
+            Value::from(&*self.channel),
+        ];
         let (deleted, ack): (i64, Ack) = conn
-            .eval_synced(&FORCE_UNLOCK, &[&named.key, &self.channel], args)
+            .eval_synced(&FORCE_UNLOCK, &[&*named.key], args)
             .await
             .map_err(|e| named.error(&e))?;
         if deleted == 1 {
@@ -361,9 +365,9 @@ impl Kind for Lock {
             Value::from(count_subscribers),
             Value::from(UNLOCK_MESSAGE),
             Value::from(conn.publish_command()),
+            Value::from(&*self.inner.channel),
         ];
-        let keys = [&*self.inner.named.key, &*self.inner.channel];
-        Some((conn.call(&PASS, &keys, args), ()))
+        Some((conn.call(&PASS, &[&*self.inner.named.key], args), ()))
     }
 }
 
@@ -383,8 +387,9 @@ impl HoldOps for HashLock {
             Value::from(i64::from(keep)),
             Value::from(UNLOCK_MESSAGE),
             Value::from(conn.publish_command()),
+            Value::from(&*self.channel),
         ];
-        conn.call(&RELEASE, &[&self.named.key, &self.channel], args)
+        conn.call(&RELEASE, &[&*self.named.key], args)
     }
 
     fn renewal(&self) -> Renewal {

@@ -188,9 +188,10 @@ impl Base {
             Value::from(mode),
             Value::from(message),
             Value::from(conn.publish_command()),
+            Value::from(&*self.channel),
         ];
         let deleted: i64 = conn
-            .eval(&FORCE_UNLOCK, &[&named.key, &self.channel], args)
+            .eval(&FORCE_UNLOCK, &[&*named.key], args)
             .await
             .map_err(|e| named.error(&e))?;
         if deleted == 1 {
@@ -513,13 +514,9 @@ impl HoldOps for ReadHalf {
             Value::from(i64::from(keep)),
             Value::from(READ_UNLOCK_MESSAGE),
             Value::from(conn.publish_command()),
+            Value::from(&*base.channel),
         ];
-        let keys = [
-            &*base.named.key,
-            &*base.channel,
-            &prefix,
-            &*base.timeout_base,
-        ];
+        let keys = [&*base.named.key, &prefix, &*base.timeout_base];
         conn.call(&READ_RELEASE, &keys, args)
     }
 
@@ -550,8 +547,9 @@ impl HoldOps for WriteHalf {
             Value::from(i64::from(keep)),
             Value::from(WRITE_UNLOCK_MESSAGE),
             Value::from(conn.publish_command()),
+            Value::from(&*base.channel),
         ];
-        conn.call(&WRITE_RELEASE, &[&base.named.key, &base.channel], args)
+        conn.call(&WRITE_RELEASE, &[&*base.named.key], args)
     }
 
     fn renewal(&self) -> Renewal {
