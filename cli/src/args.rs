@@ -109,8 +109,9 @@ pub struct ExecArgs {
     /// After a lost lease, how long CMD gets between SIGTERM and SIGKILL.
     #[arg(long, value_parser = parse_duration, default_value = "10s")]
     pub kill_after: Duration,
-    /// Exit status when the lock is not acquired within --wait.
-    #[arg(short = 'E', long, default_value_t = 75, value_parser = clap::value_parser!(u8).range(1..))]
+    /// Exit status when the lock is not acquired within --wait (0 makes a busy lock no
+    /// failure, as `flock -E 0` does).
+    #[arg(short = 'E', long, default_value_t = 75)]
     pub conflict_exit_code: u8,
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]

@@ -256,6 +256,12 @@ fn busy_lock_exits_75_or_the_conflict_code_naming_the_holders() {
         ],
     ));
     assert_eq!(code, 3);
+    // `-E 0` (flock's idiom, README's cron example): a busy lock is no failure.
+    let (code, _, err) = run(redbaton(
+        &url,
+        &["exec", "--wait", "0", "-E", "0", "busy", "--", "false"],
+    ));
+    assert_eq!(code, 0, "{err}");
     send_signal(holder.id(), "TERM");
     assert!(wait_within(&mut holder, 20 * SEC).is_some());
 }
