@@ -17,7 +17,11 @@ use crate::metrics::ClientMetrics;
 use crate::watchdog::Watchdog;
 use crate::{Error, Lock, Result};
 
-/// A connection to Redis that hands out [`Lock`]s.
+/// A connection to Redis that hands out every kind: [`Lock`](Client::lock),
+/// [`FairLock`](Client::fair_lock), [`ReadWriteLock`](Client::read_write_lock),
+/// [`FencedLock`](Client::fenced_lock), [`Semaphore`](Client::semaphore) and
+/// [`LeasedSemaphore`](Client::leased_semaphore) handles (a [`MultiLock`](crate::MultiLock) or
+/// [`RedLock`](crate::RedLock) is built from `Lock`s).
 ///
 /// A client owns one command connection (per node), one subscriber connection shared by all
 /// its waiters (the hub), one watchdog task renewing all its leases, and a random UUID (v4)
@@ -354,7 +358,9 @@ impl Client {
         &self.inner.config
     }
 
-    /// The underlying fred client, for commands redbaton does not wrap.
+    /// The underlying fred client, for commands redbaton does not wrap. Its traits are in
+    /// the re-exported [`fred`](crate::fred) (fred 10), e.g.
+    /// `use redbaton::fred::interfaces::KeysInterface;`.
     pub fn redis(&self) -> &fred::clients::Client {
         self.inner.conn.redis()
     }
@@ -453,11 +459,46 @@ impl std::fmt::Debug for Client {
 mod tests {
     use super::*;
 
+    /// The forms `Config::url` documents are taken, and the ones it says are refused are
+    /// refused before anything is sent.
+    #[test]
+    fn documented_url_forms() {
+        for url in [
+            "redis://127.0.0.1",
+            "redis://user:p%40ss@127.0.0.1:6379/3",
+            "valkey://127.0.0.1:6379/1",
+            "redis-cluster://127.0.0.1:7000?node=127.0.0.1:7001&node=127.0.0.1:7002",
+            "redis-sentinel://127.0.0.1?sentinelServiceName=mymaster&node=127.0.0.1:26380",
+            "redis-sentinel://127.0.0.1:26379/2?sentinelServiceName=mymaster",
+        ] {
+            assert!(fred_builder(&Config::new(url)).is_ok(), "{url}");
+        }
+        for url in [
+            "redis+unix:///tmp/redis.sock",
+            "unix:///tmp/redis.sock",
+            "valkey-cluster://127.0.0.1:7000",
+            "redis-sentinel://127.0.0.1:26379",
+            "redis://127.0.0.1/not-a-number",
+            "redis-cluster://127.0.0.1:7000?node=127.0.0.1",
+        ] {
+            let result = fred_builder(&Config::new(url)).map(|_| ());
+            assert!(
+                matches!(result, Err(Error::InvalidArgument(_))),
+                "{url}: {result:?}"
+            );
+        }
+    }
+
     /// With the `tls` feature a TLS URL gets a TLS configuration.
     #[cfg(feature = "tls")]
     #[test]
     fn tls_urls_are_accepted_with_the_tls_feature() {
-        for url in ["rediss://127.0.0.1:6380", "rediss-cluster://127.0.0.1:6380"] {
+        for url in [
+            "rediss://127.0.0.1:6380",
+            "rediss-cluster://127.0.0.1:6380",
+            "rediss-sentinel://127.0.0.1:26379?sentinelServiceName=mymaster",
+            "valkeys://127.0.0.1:6380",
+        ] {
             assert!(fred_builder(&Config::new(url)).is_ok(), "{url}");
         }
     }

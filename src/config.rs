@@ -96,8 +96,33 @@ pub const AUTO_REPLICA_TIMEOUT: Duration = Duration::from_secs(1);
 #[derive(Clone)]
 #[non_exhaustive]
 pub struct Config {
-    /// A fred URL: `redis://`, `rediss://` (TLS: needs the `tls` feature, on by default),
-    /// `redis-cluster://`, `redis-sentinel://`, with optional `user:password@`.
+    /// Where Redis is. Every form takes an optional `user:password@` before the host (the
+    /// password percent-encoded if it has special characters; it is never shown in messages,
+    /// logs or `Debug`). The schemes:
+    ///
+    /// | scheme | topology |
+    /// | --- | --- |
+    /// | `redis://host[:port][/db]` | a single node (port 6379 by default) |
+    /// | `rediss://host[:port][/db]` | the same over TLS |
+    /// | `valkey://`, `valkeys://` | the same as `redis://` and `rediss://` (Valkey is not tested) |
+    /// | `redis-cluster://host:port?node=host:port&node=…` | a cluster; the host and every `node` are seed nodes, the rest are discovered |
+    /// | `rediss-cluster://…` | the same over TLS |
+    /// | `redis-sentinel://host[:port][/db]?sentinelServiceName=name&node=host:port&…` | the primary that Sentinel names `name` (required), followed through failovers; the host (port 26379 by default) and every `node` are sentinels |
+    /// | `rediss-sentinel://…` | the same over TLS |
+    /// | `redis+unix:///path` | refused with [`Error::InvalidArgument`]: redbaton builds fred without its `unix-sockets` feature (untested if another crate of your build enables it) |
+    ///
+    /// - `/db` selects a database (0–255, default 0) on a single node and behind Sentinel; a
+    ///   cluster has only database 0 and ignores it. Redisson clients sharing a lock must use
+    ///   the same database.
+    /// - Sentinel: `sentinelServiceName` is required, `node` repeats. The URL's credentials
+    ///   are used for the sentinels and the data nodes alike; `sentinelUsername` and
+    ///   `sentinelPassword` are ignored unless fred's `sentinel-auth` feature is enabled in
+    ///   your build (redbaton does not enable it).
+    /// - TLS schemes need the `tls` feature (on by default); without it they are refused
+    ///   rather than reached in plain text. `tls_ca_file` sets a private CA.
+    /// - Any other scheme, or a URL fred cannot parse (a bad port, a `node` without a port, a
+    ///   database path that is not a number), makes connecting fail with
+    ///   [`Error::InvalidArgument`] before anything is sent.
     pub url: String,
     /// The lease of locks taken without an explicit one; renewed every third of it.
     pub watchdog_lease: Duration,
@@ -208,19 +233,37 @@ impl Default for Config {
 
 impl fmt::Debug for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Destructured without `..`, so that a new setting cannot be left out of `Debug`.
+        let Config {
+            url: _,
+            watchdog_lease,
+            key_prefix,
+            command_timeout,
+            connect_timeout,
+            reconnect_max_delay,
+            pubsub,
+            fair_lock_wait,
+            #[cfg(feature = "tls")]
+            tls_ca_file,
+            replica_sync,
+            metrics_label_names,
+            baton_passes,
+        } = self;
         let mut d = f.debug_struct("Config");
+        // The URL's password is never shown.
         d.field("url", &self.redacted_url())
-            .field("watchdog_lease", &self.watchdog_lease)
-            .field("key_prefix", &self.key_prefix)
-            .field("command_timeout", &self.command_timeout)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("reconnect_max_delay", &self.reconnect_max_delay)
-            .field("pubsub", &self.pubsub);
+            .field("watchdog_lease", watchdog_lease)
+            .field("key_prefix", key_prefix)
+            .field("command_timeout", command_timeout)
+            .field("connect_timeout", connect_timeout)
+            .field("reconnect_max_delay", reconnect_max_delay)
+            .field("pubsub", pubsub);
         #[cfg(feature = "tls")]
-        d.field("tls_ca_file", &self.tls_ca_file);
-        d.field("fair_lock_wait", &self.fair_lock_wait)
-            .field("replica_sync", &self.replica_sync)
-            .field("metrics_label_names", &self.metrics_label_names)
+        d.field("tls_ca_file", tls_ca_file);
+        d.field("fair_lock_wait", fair_lock_wait)
+            .field("replica_sync", replica_sync)
+            .field("metrics_label_names", metrics_label_names)
+            .field("baton_passes", baton_passes)
             .finish()
     }
 }
@@ -371,6 +414,28 @@ mod tests {
         assert_eq!(redact_url("redis://h:1"), "redis://h:1");
         let config = Config::new("redis://u:topsecret@h:1");
         assert!(!format!("{config:?}").contains("topsecret"));
+    }
+
+    #[test]
+    fn debug_shows_every_setting() {
+        let shown = format!("{:?}", Config::default());
+        for field in [
+            "url",
+            "watchdog_lease",
+            "key_prefix",
+            "command_timeout",
+            "connect_timeout",
+            "reconnect_max_delay",
+            "pubsub",
+            #[cfg(feature = "tls")]
+            "tls_ca_file",
+            "fair_lock_wait",
+            "replica_sync",
+            "metrics_label_names",
+            "baton_passes",
+        ] {
+            assert!(shown.contains(field), "{field} missing from {shown}");
+        }
     }
 
     #[test]

@@ -1,18 +1,10 @@
 //! # redbaton
 //!
-//! Reentrant distributed locks on Redis, compatible with Redisson's `RLock`: Java services
-//! using Redisson and Rust services using redbaton share locks by name.
-//!
-//! - **Reentrant by scope, one holder per hold**: a hash of owner id → reentry count, changed
-//!   by Lua scripts. Every acquisition is a new owner unless it is made inside a hold's scope
-//!   (the future run by [`Lock::run`] or [`Guard::run`], or [`Guard::reenter`]): futures
-//!   joined in one tokio task exclude each other, and code inside a hold re-enters it.
-//! - **Waiting costs Redis almost nothing**: waiters park on one shared subscriber connection
-//!   per [`Client`] and are woken, one at a time, by the unlock message; the lock's remaining
-//!   lease bounds every wait, so a lost message never hangs anyone. Between tasks of one
-//!   client, a release hands the lock to the next parked task in its own round trip.
-//! - **Leases end**: a crashed holder's lock expires; a live holder's lease is renewed by one
-//!   watchdog task per client, and a guard tells its holder when the lease was lost.
+//! Distributed locks and semaphores on Redis, on Redisson's wire format: Java services using
+//! Redisson and Rust services using redbaton share locks by name. Waiters park on one shared
+//! subscriber connection per [`Client`] and are woken by unlock messages, never by polling; one
+//! watchdog task per client renews the leases, and every guard tells its holder when its lease
+//! was lost.
 //!
 //! ```no_run
 //! # async fn run() -> redbaton::Result<()> {
@@ -25,11 +17,37 @@
 //! # Ok(()) }
 //! ```
 //!
+//! ## The kinds
+//!
+//! A [`Client`] hands out a handle on every kind (cheap, `Clone + Send + Sync`; nothing is sent
+//! until it is used). Each lock kind has the same acquire methods (`lock`, `lock_with_lease`,
+//! `try_lock`, `try_lock_for`, `try_lock_with_lease`) and `run`, and its guard releases on
+//! [`unlock`](Guard::unlock) or on drop and reports a lost lease through [`lost`](Guard::lost).
+//!
+//! | kind | made by | what it is |
+//! | --- | --- | --- |
+//! | [`Lock`] | [`Client::lock`] | a reentrant lock (guard: [`LockGuard`]) |
+//! | [`FairLock`] | [`Client::fair_lock`] | a reentrant lock served first come, first served across every process (guard: [`FairGuard`]) |
+//! | [`ReadWriteLock`] | [`Client::read_write_lock`] | many readers or one writer: halves [`ReadLock`] and [`WriteLock`], guards [`ReadGuard`] and [`WriteGuard`]; no writer preference |
+//! | [`FencedLock`] | [`Client::fenced_lock`] | a [`Lock`] whose every acquisition carries a fencing token, for stores that must refuse a stale holder (guard: [`FencedGuard`]) |
+//! | [`Semaphore`] | [`Client::semaphore`] | a counter of permits that belong to nobody: a holder that dies keeps its permits for good |
+//! | [`LeasedSemaphore`] | [`Client::leased_semaphore`] | permits with ids and leases, renewed by the watchdog like locks (permit: [`LeasedPermit`]) |
+//! | [`MultiLock`] | [`MultiLock::new`] over [`Lock`]s | several locks, all or nothing, never waiting while it holds some: deadlock-free (guard: [`MultiLockGuard`]) |
+//! | [`RedLock`] | [`RedLock::new`] over [`Lock`]s | one lock per independent Redis master, held while a majority is (guard: [`RedLockGuard`]) |
+//!
+//! Inspection: [`Lock::state`] (owners with their counts, the remaining lease, subscribers),
+//! `is_locked`, `hold_count`, `remaining_ttl`, [`FairLock::queued`]. Settings: [`Config`] and
+//! [`Client::builder`].
+//!
 //! ## One holder means one holder
 //!
-//! The owner of a hold is not the tokio task. Futures polled together in one task — `join!`,
-//! `select!`, `FuturesUnordered`, `for_each_concurrent`, `buffer_unordered` — are separate
-//! owners and wait for each other; re-entry comes from the scope of a hold:
+//! Every acquisition is a new owner, unless it is made inside the scope of a hold: the future
+//! run by [`Lock::run`] or [`Guard::run`] (and the other kinds' `run`), or explicitly with
+//! [`Guard::reenter`]. The owner is not the tokio task: futures polled together in one task —
+//! `join!`, `select!`, `FuturesUnordered`, `for_each_concurrent`, `buffer_unordered` — are
+//! separate owners and wait for each other, and a task spawned inside a scope is another owner
+//! too. Redisson's owner is a thread, a sequential execution; in async Rust that is a hold's
+//! scope.
 //!
 //! ```no_run
 //! # async fn run(lock: redbaton::Lock) -> redbaton::Result<()> {
@@ -45,17 +63,126 @@
 //!     nested.unlock().await
 //! })
 //! .await??;
+//!
+//! let guard = lock.lock().await?;
+//! let again = guard.reenter().await?; // the same owner, without a closure; never waits
+//! again.unlock().await?;
+//! guard.unlock().await?;
 //! # Ok(()) }
 //! ```
 //!
-//! See [`Lock`] for the semantics and cancellation safety, [`LockGuard`] for release and lost
-//! leases, and [`Config`] for settings.
+//! A second `lock()` beside a guard still held, outside its scope, is another owner and waits
+//! for that guard (for ever, if the same code keeps it): `try_lock()` says `None`, and `lock()`
+//! logs a warning naming the fix. On a read/write lock, a read inside a write hold's scope is
+//! the downgrade, and a write waited for inside a read hold's scope fails with
+//! [`Error::WouldDeadlock`]. [`Lock::run`] returns [`Error::LeaseLost`] when the lease is lost
+//! before the work is done (the work's future is dropped). See [`Lock`] for the semantics and
+//! cancellation safety, [`Guard`] for release and lost leases, [`Owner`] to name an owner
+//! explicitly.
+//!
+//! ## Coming from Redisson
+//!
+//! | Redisson | redbaton |
+//! | --- | --- |
+//! | `RLock` (`getLock`) | [`Lock`] ([`Client::lock`]) |
+//! | `RFairLock` (`getFairLock`) | [`FairLock`] ([`Client::fair_lock`]) |
+//! | `RReadWriteLock` (`getReadWriteLock`), `readLock()` / `writeLock()` | [`ReadWriteLock`] ([`Client::read_write_lock`]), [`read()`](ReadWriteLock::read) / [`write()`](ReadWriteLock::write) |
+//! | `RFencedLock` (`getFencedLock`) | [`FencedLock`] ([`Client::fenced_lock`]) |
+//! | `RSemaphore` (`getSemaphore`) | [`Semaphore`] ([`Client::semaphore`]) |
+//! | `RPermitExpirableSemaphore` (`getPermitExpirableSemaphore`) | [`LeasedSemaphore`] ([`Client::leased_semaphore`]) |
+//! | `RedissonMultiLock` | [`MultiLock`] ([`MultiLock::new`]) |
+//! | `RedissonRedLock` | [`RedLock`] ([`RedLock::new`]) |
+//!
+//! | Redisson method (lock kinds) | redbaton |
+//! | --- | --- |
+//! | `lock()`, `lockInterruptibly()` | `lock()` → guard (to interrupt, drop the future) |
+//! | `lock(lease, unit)` | `lock_with_lease(lease)` |
+//! | `tryLock()` | `try_lock()` → `Option<guard>` |
+//! | `tryLock(wait, unit)` | `try_lock_for(wait)` |
+//! | `tryLock(wait, lease, unit)` | `try_lock_with_lease(wait, lease)` |
+//! | `unlock()` | `guard.unlock()`, or drop the guard |
+//! | `forceUnlock()` | `force_unlock()` |
+//! | `isLocked()` | `is_locked()` |
+//! | `isHeldByCurrentThread()` | `is_held_in_scope()` |
+//! | `getHoldCount()` | `hold_count()` |
+//! | `remainTimeToLive()` | `remaining_ttl()` |
+//! | `getName()` | `name()` |
+//! | `RFencedLock`: `lockAndGetToken()`, `getToken()` | `lock()` then the guard's `token()`; [`FencedLock::token`] |
+//! | `RSemaphore`: `acquire(n)`, `tryAcquire(n)`, `tryAcquire(n, wait, unit)`, `release(n)` | `acquire(n)`, `try_acquire(n)`, `try_acquire_for(n, wait)`, `release(n)` |
+//! | `RSemaphore`: `trySetPermits`, `addPermits`, `availablePermits` | `try_set_permits`, `add_permits`, `available_permits` |
+//! | `RPermitExpirableSemaphore`: `acquire()`, `acquire(lease, unit)` | `acquire()`, `acquire_with_lease(lease)` → [`LeasedPermit`] |
+//! | `RPermitExpirableSemaphore`: `tryAcquire()`, `tryAcquire(wait, unit)`, `tryAcquire(wait, lease, unit)` | `try_acquire()`, `try_acquire_for(wait)`, `try_acquire_with_lease(wait, lease)` |
+//! | `RPermitExpirableSemaphore`: `release(id)`, `tryRelease(id)` | `permit.release()`, `release_id(&id)` |
+//! | `RPermitExpirableSemaphore`: `availablePermits`, `acquiredPermits`, `trySetPermits`, `addPermits` | `available_permits`, `acquired_permits`, `try_set_permits`, `add_permits` |
+//!
+//! Differences a porter meets: the owner is a hold's scope, not a thread (above); Redisson's
+//! `Config.lockWatchdogTimeout` is [`Config::watchdog_lease`] and `fairLockWaitTimeout` is
+//! [`Config::fair_lock_wait`]; every wait is bounded by the holder's lease, so a lost message
+//! never hangs a waiter.
+//!
+//! ## Topologies
+//!
+//! - **Single node**: `redis://host:6379` (TLS: `rediss://`).
+//! - **Sentinel**: `redis-sentinel://s1:26379?sentinelServiceName=mymaster&node=s2:26379`;
+//!   clients follow the promoted replica.
+//! - **Cluster**: `redis-cluster://h1:7000?node=h2:7001`. Wake-ups use classic pub/sub by
+//!   default (`PUBLISH`, broadcast to every node) or sharded pub/sub
+//!   ([`PubSubMode::Sharded`]: `SPUBLISH`, Redis 7), which Redisson uses on Redis 7 clusters;
+//!   every client sharing a lock must use the same mode. Cluster redirections (MOVED, ASK,
+//!   TRYAGAIN during a slot migration) are followed within the command timeout.
+//! - **Replica sync** ([`ReplicaSync`], default `Auto`): every script that changes a lock is
+//!   followed by `WAIT` wherever the primary has replicas, so a failover does not hand a held
+//!   lock to a second owner unless it promotes a replica that had not acknowledged it.
+//! - **Redlock**: one [`Client`] per independent master, combined by [`RedLock`].
+//!
+//! Every URL form is listed under [`Config::url`].
+//!
+//! ## Failure guarantees, in short
+//!
+//! - A crashed holder's lock expires after its lease (the watchdog lease, 30 s by default) and
+//!   a waiter elsewhere gets it; a live holder's lease is renewed every third of it.
+//! - A holder learns of a lost lease (a fixed lease ran out, a force-unlock, Redis restarted
+//!   empty or unreachable for a whole lease) through [`Guard::lost`], measured by its own
+//!   monotonic clock so that it fires no later than Redis expires the key; its `unlock()` then
+//!   returns [`Error::NotHeld`] and never touches a newer hold.
+//! - Every round trip has a timeout ([`Error::Timeout`]); a lock script is never re-sent
+//!   blind, and a dropped or timed-out acquire or release leaves no hold behind (its round
+//!   trip is finished in the background). [`Client::shutdown`] releases what is still held.
+//! - A dropped subscriber connection is re-established and every waiter re-checks: a lost
+//!   wake-up costs at most the holder's remaining lease, never a hang.
+//! - Bad input is refused with [`Error::InvalidArgument`] before anything is sent; a key of
+//!   another type gives [`Error::WrongType`] and is never modified.
+//! - Not covered: a failover that promotes a replica which never received the hold, a holder
+//!   that pauses past its lease (use a [`FencedLock`] and let the store check tokens), clocks
+//!   that jump on the server. The README's failure table has every case.
+//!
+//! ## Versions
+//!
+//! - **Redis**: tested with Redis 7.0.15 (Debian 12's `redis-server`), single node, Sentinel
+//!   and Cluster. Sharded pub/sub needs Redis 7.0 (`SSUBSCRIBE`, `SPUBLISH`,
+//!   `PUBSUB SHARDNUMSUB`). Classic pub/sub needs, by the commands sent and the scripts'
+//!   calls, Redis 5.0: some scripts write after `TIME` or `PUBSUB NUMSUB`, which Redis allows
+//!   with effect replication, the default from 5.0 (multi-field `HSET` needs 4.0, `WAIT` 3.0,
+//!   a user name in the URL — an ACL user — 6.0). Versions before 7.0 are not tested.
+//! - **Valkey**: `valkey://` and `valkeys://` URLs are accepted for a single node (use the
+//!   `redis-…://` forms for Sentinel and Cluster). Valkey is not tested here; it forked from
+//!   Redis 7.2 and speaks the same commands.
+//! - **Redisson**: the wire format (keys, fields, TTLs, channels, messages, scripts' effects)
+//!   was checked against Redisson's source at `redisson-4.7.0-62-g66863978b` (4.7.1-SNAPSHOT),
+//!   with older behaviour checked against 3.23.0, 3.24.0 and 3.43.0. The tests share `Lock`s
+//!   with node-redisson 1.0.4 (a Node.js port of `RLock`) and the other kinds with a Redisson
+//!   peer written from that protocol; a Java Redisson is not run here.
+//! - **fred**: redbaton is built on fred 10 and re-exports it as [`fred`].
 //!
 //! ## Features
 //!
-//! - `tls` (default): `rediss://` URLs and `Config::tls_ca_file`, through rustls with the
-//!   ring provider. Without it a TLS URL is refused with [`Error::InvalidArgument`] rather
-//!   than reached in plain text.
+//! - `tls` (default): `rediss://` (and `rediss-cluster://`, `rediss-sentinel://`,
+//!   `valkeys://`) URLs and `Config::tls_ca_file`, through rustls with the ring provider.
+//!   Without it a TLS URL is refused with [`Error::InvalidArgument`] rather than reached in
+//!   plain text.
+//! - `metrics` (off): records acquisitions, waits, hand-offs, renewals and lost leases through
+//!   the [`metrics`](https://docs.rs/metrics) facade (the `redbaton::metrics` module describes
+//!   each one). Without it the recording calls compile to nothing.
 
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -83,6 +210,11 @@ mod scope;
 mod semaphore;
 mod state;
 mod watchdog;
+
+/// The Redis client crate redbaton is built on, fred 10: [`Client::redis`] returns its client,
+/// for commands redbaton does not wrap. Use this path rather than a `fred` dependency of your
+/// own, so the versions always match.
+pub use fred;
 
 pub use client::Client;
 pub use config::{

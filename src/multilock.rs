@@ -37,9 +37,10 @@ use crate::{Error, Lock, LockGuard, Result};
 ///
 /// # Reentry
 ///
-/// Each part is reentrant for its owner (by default the current tokio task), so a task that
-/// holds a multi-lock may take it, or any of its parts, again; every hold is released on its
-/// own.
+/// Each part is reentrant for its owner, which is a hold's scope as for [`Lock`]: inside the
+/// guard's [`run`](MultiLockGuard::run) (or with [`reenter`](MultiLockGuard::reenter)) the
+/// multi-lock, or any of its parts, is taken again at once; every hold is released on its
+/// own. Any other acquisition is a new owner and waits.
 ///
 /// # Differences from Redisson's `RedissonMultiLock`
 ///

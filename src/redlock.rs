@@ -61,9 +61,11 @@ const DEFAULT_RETRY_DELAY: Duration = Duration::from_millis(200);
 ///
 /// # Reentry
 ///
-/// The lock on each node is reentrant for its owner (by default the current tokio task): a
-/// task holding the Redlock takes it again at once (each node's count goes up), and must
-/// release each hold.
+/// The lock on each node is reentrant for its owner, which is a hold's scope as for
+/// [`Lock`](crate::Lock): inside the guard's [`run`](crate::MultiLockGuard::run) (or with
+/// [`reenter`](crate::MultiLockGuard::reenter)) the Redlock is taken again at once (each
+/// node's count goes up), and each hold is released on its own. Any other acquisition is a
+/// new owner and waits.
 ///
 /// # A node restarted empty
 ///

@@ -31,8 +31,8 @@ const TIMEOUT_PREFIX: &str = "redisson_lock_timeout";
 /// process: nobody starves. Made by [`Client::fair_lock`](crate::Client::fair_lock).
 ///
 /// It is a [`Lock`](crate::Lock) in everything else: the same five acquire methods,
-/// reentry per task (or per explicit [`Owner`]), the watchdog, [`Guard::lost`], the same
-/// cancellation safety.
+/// re-entry inside a hold's scope (every other acquisition is a new owner; an explicit
+/// [`Owner`] names one), the watchdog, [`Guard::lost`], the same cancellation safety.
 ///
 /// ```no_run
 /// # async fn run() -> redbaton::Result<()> {

@@ -180,7 +180,8 @@ pub trait Kind: Clone + Send + Sync + 'static {
     /// The lock's name, key and client.
     fn named(&self) -> &Named;
 
-    /// The explicit owner of this handle, if any (else the current task).
+    /// The explicit owner of this handle, if any (else the owner of the enclosing hold's
+    /// scope, or a new one).
     fn explicit_owner(&self) -> Option<&Arc<str>>;
 
     /// The hash field for the owner field `owner` (the write lock appends `:write`).

@@ -72,24 +72,31 @@ const WRITE_SUFFIX: &str = ":write";
 ///
 /// # Semantics
 ///
-/// Like `tokio::sync::RwLock`, across processes, and with Redisson's rules:
+/// Redisson's `RReadWriteLock`, across processes. Unlike `tokio::sync::RwLock`, which queues
+/// readers and writers in arrival order so that a waiting writer holds back the readers that
+/// come after it, this lock has **no queue and no writer preference**: a read is granted
+/// whenever nobody writes, even while a writer waits, so a steady stream of readers can starve
+/// a writer for as long as it lasts (a writer gets in only in a moment with no reader at all).
+/// Where that matters, keep read holds short and give a writer's wait a bound
+/// ([`try_lock_for`](WriteLock::try_lock_for)) with something to do when it runs out.
 ///
 /// - **Many readers or one writer.** A read hold is granted while nobody writes; the write hold
 ///   only while nobody reads or writes.
-/// - **Reentrant on both sides**, per owner (the current tokio task, see
-///   [`Owner`]): nested `read().lock()` or `write().lock()` calls in one task re-enter and must
-///   each be released.
-/// - **A writer may read** (take read holds while it holds the write lock). Those holds outlive
-///   its write unlock: the lock is then *downgraded* to read mode, held by the former writer's
-///   read holds, and waiting readers are woken and get in (Redisson publishes nothing there;
-///   its readers wait until their lease-bounded wait ends).
+/// - **Reentrant on both sides, per owner**, as for [`Lock`](crate::Lock): every acquisition
+///   outside a hold's scope is a new owner (see [`Owner`]); inside the scope of a hold — the
+///   future run by the guard's [`run`](crate::Guard::run) or the half's `run` — a
+///   `read().lock()` or `write().lock()` of the same lock re-enters, as does the guard's
+///   [`reenter`](crate::Guard::reenter). Every hold is released on its own.
+/// - **A writer may read**: inside its write hold's scope it takes read holds. Those holds
+///   outlive its write unlock: the lock is then *downgraded* to read mode, held by the former
+///   writer's read holds, and waiting readers are woken and get in (Redisson publishes nothing
+///   there; its readers wait until their lease-bounded wait ends).
 /// - **A reader cannot upgrade.** A read hold blocks every writer, its own owner included.
-///   Asking for the write lock while the same owner holds read holds fails at once with
-///   [`Error::WouldDeadlock`] (the write acquire script sees the owner's reader field), instead
-///   of waiting for ever on itself. Release the read holds first.
-/// - **No fairness, no writer preference** (as Redisson): while readers keep coming, a waiting
-///   writer may starve. Waiters are woken by messages: a write unlock wakes every waiter of
-///   this process (readers then all get in), the last reader's unlock wakes one.
+///   A waiting write acquire inside a read hold's scope fails at once with
+///   [`Error::WouldDeadlock`] instead of waiting for ever on itself, and a write `try_lock()`
+///   there is `Ok(None)`. Release the read holds first.
+/// - **Wake-ups**: a write unlock wakes every waiter of each process (readers then all get
+///   in), the last reader's unlock wakes one.
 /// - **Leases** as for [`Lock`](crate::Lock): the watchdog renews watchdog holds (for a read
 ///   hold: its timeout keys and the hash, as Redisson's read renewal does); a fixed lease
 ///   ends the hold. Each read hold has its own timeout key, so a reader that died stops
@@ -129,8 +136,9 @@ const WRITE_SUFFIX: &str = ":write";
 /// b.unlock().await?;
 ///
 /// let write = rw.write().lock().await?;
-/// let read = rw.read().lock().await?;   // the writer may also read...
-/// write.unlock().await?;                // ...and keeps reading: downgraded
+/// // The writer may also read, inside its hold's scope...
+/// let read = write.run(|| async { rw.read().lock().await }).await??;
+/// write.unlock().await?; // ...and keeps reading: downgraded
 /// assert!(rw.read().is_locked().await?);
 /// read.unlock().await?;
 /// # Ok(()) }
