@@ -19,7 +19,7 @@ use fred::clients::SubscriberClient;
 use fred::prelude::*;
 use fred::types::Message;
 use parking_lot::Mutex;
-use redbaton::{Client, Error, PubSubMode, ReadWriteLock};
+use redbaton::{Client, Error, Guard, PubSubMode, ReadLock, ReadWriteLock, WriteLock};
 use redisson_peer::{timeout_key, RedissonPeer};
 use support::{eventually, numsub, RedisServer};
 use tokio::sync::{broadcast, Barrier};
@@ -551,6 +551,18 @@ async fn describe(raw: &fred::clients::Client, key: &str) -> String {
     )
 }
 
+/// A write hold with a 300 ms fixed lease, and a read hold (watchdog lease) of the same owner
+/// taken in its scope.
+async fn ending_write_with_a_read(rw: &ReadWriteLock) -> (Guard<WriteLock>, Guard<ReadLock>) {
+    let w = rw
+        .write()
+        .lock_with_lease(Duration::from_millis(300))
+        .await
+        .unwrap();
+    let r = w.run(|| async { rw.read().lock().await }).await;
+    (w, r.unwrap().unwrap())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ended_write_lease_leaves_no_writer_behind() {
     // Issue 22: the writer also reads (watchdog lease), and its fixed write lease ends. The
@@ -561,17 +573,7 @@ async fn an_ended_write_lease_leaves_no_writer_behind() {
     let a = client(&server).await;
     let b = client(&server).await;
     let rw = a.read_write_lock("ended-w");
-    let w = rw
-        .write()
-        .lock_with_lease(Duration::from_millis(300))
-        .await
-        .unwrap();
-    // A read by the same owner: in the write hold's scope.
-    let r = w
-        .run(|| async { rw.read().lock().await })
-        .await
-        .unwrap()
-        .unwrap();
+    let (w, r) = ending_write_with_a_read(&rw).await;
     let writer_field = format!("{}:write", w.owner());
     assert!(eventually(Duration::from_secs(5), || async { w.is_lost() }).await);
     assert!(
@@ -616,17 +618,7 @@ async fn an_ended_write_lease_downgrades_to_its_owners_reads_and_wakes_readers()
     let a = client(&server).await;
     let b = client(&server).await;
     let rw = a.read_write_lock("ended-wr");
-    let w = rw
-        .write()
-        .lock_with_lease(Duration::from_millis(300))
-        .await
-        .unwrap();
-    // A read by the same owner: in the write hold's scope.
-    let r = w
-        .run(|| async { rw.read().lock().await })
-        .await
-        .unwrap()
-        .unwrap();
+    let (w, r) = ending_write_with_a_read(&rw).await;
     let owner = r.owner().to_string();
     let reader = {
         let rw = b.read_write_lock("ended-wr");
