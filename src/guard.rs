@@ -72,7 +72,6 @@ impl<K: Kind> Guard<K> {
             Lease::Watchdog => None,
             Lease::Fixed(ms) => sent_at.checked_add(std::time::Duration::from_millis(ms as u64)),
         };
-        registered.entry.held_here();
         Guard {
             kind,
             hold: Hold {

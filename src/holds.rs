@@ -611,6 +611,9 @@ impl Turn {
             }
             state.guards += 1;
             state.watchdog_guards += u32::from(lease == Lease::Watchdog);
+            // Under the lock this takes anyway: the guard is kept where it is registered (a
+            // passed guard's waiter notes itself on adoption).
+            state.holder = Some(Holder::current());
             state.valid_until = state.valid_until.max(until);
             (state.generation, was_held)
         };
