@@ -68,11 +68,6 @@ pub struct Cli {
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
 
-    /// The watchdog lease: how long a lock outlives a crashed redbaton; renewed every third
-    /// of it while CMD runs (at least 100ms).
-    #[arg(long, global = true, value_parser = parse_lease, default_value = "30s")]
-    pub watchdog_lease: Duration,
-
     #[command(subcommand)]
     pub command: Command,
 }
@@ -82,7 +77,8 @@ pub struct Cli {
 pub enum Command {
     /// Acquire NAME, run CMD while holding it, release it when CMD ends.
     Exec(ExecArgs),
-    /// Show who holds NAME, for how long, and how many connections wait (exit 0 locked, 1 free).
+    /// Show the lock NAME's kind, who holds it, for how long, and who waits (exit 0 locked,
+    /// 1 free).
     Status(StatusArgs),
     /// Delete the lock NAME whoever holds it and wake its waiters (exit 0 held, 1 free).
     Unlock(UnlockArgs),
@@ -113,6 +109,12 @@ pub struct ExecArgs {
     /// failure, as `flock -E 0` does).
     #[arg(short = 'E', long, default_value_t = 75)]
     pub conflict_exit_code: u8,
+    /// The watchdog lease: how long the lock outlives a crashed redbaton; renewed every third
+    /// of it while CMD runs (at least 100ms). Not with --lease, which replaces the watchdog.
+    #[arg(long, value_parser = parse_lease, default_value = "30s", conflicts_with = "lease")]
+    pub watchdog_lease: Duration,
+    #[command(flatten)]
+    pub key: KeyArgs,
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub cmd: Vec<OsString>,
@@ -126,6 +128,8 @@ pub struct StatusArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub key: KeyArgs,
 }
 
 /// `unlock`
@@ -136,6 +140,22 @@ pub struct UnlockArgs {
     pub force: bool,
     /// The lock's name.
     pub name: String,
+    #[command(flatten)]
+    pub key: KeyArgs,
+}
+
+/// How a lock's name becomes its Redis key: the options of every command that names a lock.
+#[derive(Debug, Default, Args)]
+pub struct KeyArgs {
+    /// The prefix the services sharing the lock put before its name to form its key (their
+    /// `Config::key_prefix`, e.g. `billing:`). Default: none (Redisson's keys).
+    #[arg(
+        long,
+        value_name = "PREFIX",
+        default_value = "",
+        hide_default_value = true
+    )]
+    pub key_prefix: String,
 }
 
 /// `demo`

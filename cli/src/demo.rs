@@ -49,7 +49,8 @@ pub async fn run(url: Option<String>, args: DemoArgs) -> Result<u8, Failure> {
             (Some(server), url)
         }
     };
-    let client = crate::connect(&url, redbaton::DEFAULT_WATCHDOG_LEASE).await?;
+    let client =
+        crate::connect(&url, &Default::default(), redbaton::DEFAULT_WATCHDOG_LEASE).await?;
     let redis = client.redis().clone();
     println!(
         "redbaton demo: {} processes x {} tasks buy {} items (each purchase reads the stock, \

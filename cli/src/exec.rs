@@ -10,6 +10,7 @@ use tokio::time::{sleep, Instant};
 use crate::args::ExecArgs;
 use crate::child::{self, Child, Ended};
 use crate::exit::{self, Failure, Outcome};
+use crate::inspect::Inspected;
 
 /// Names the lock for CMD.
 pub const ENV_LOCK: &str = "REDBATON_LOCK";
@@ -48,7 +49,7 @@ impl Forwarded {
     }
 }
 
-pub async fn run(url: &str, watchdog_lease: Duration, args: ExecArgs) -> Outcome {
+pub async fn run(url: &str, args: ExecArgs) -> Outcome {
     let mut signals = match Forwarded::install() {
         Ok(s) => s,
         Err(f) => return Outcome::Failed(f),
@@ -57,7 +58,7 @@ pub async fn run(url: &str, watchdog_lease: Duration, args: ExecArgs) -> Outcome
     if let Err(f) = crate::check_name(&args.name) {
         return Outcome::Failed(f);
     }
-    let client = match crate::connect(url, watchdog_lease).await {
+    let client = match crate::connect(url, &args.key, args.watchdog_lease).await {
         Ok(c) => c,
         Err(f) => return Outcome::Failed(f),
     };
@@ -110,7 +111,7 @@ async fn run_with(
         }
     };
     let Some(guard) = guard else {
-        return Err(conflict(&lock, args, started.elapsed()).await);
+        return Err(conflict(client, args, started.elapsed()).await);
     };
     let owner = guard.owner();
     let owner_text = owner.to_string();
@@ -282,13 +283,9 @@ async fn supervise(
 }
 
 /// The failure for a lock not acquired within --wait: names its owners and hold count.
-async fn conflict(lock: &Lock, args: &ExecArgs, waited: Duration) -> Failure {
-    let holders = match lock.state().await {
-        Ok(state) => format!(
-            "{} owner(s), hold count {}",
-            state.owners.len(),
-            state.hold_count()
-        ),
+async fn conflict(client: &redbaton::Client, args: &ExecArgs, waited: Duration) -> Failure {
+    let holders = match Inspected::read(client, &args.name).await {
+        Ok(found) => found.holders(),
         Err(_) => "owners unknown".to_owned(),
     };
     Failure::new(

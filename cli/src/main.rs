@@ -16,7 +16,7 @@ use std::time::Duration;
 use clap::Parser;
 use redbaton::Client;
 
-use crate::args::{Cli, Command};
+use crate::args::{Cli, Command, KeyArgs};
 use crate::exit::{Failure, Outcome};
 
 /// The URL used when neither `--url` nor `REDIS_URL` gives one.
@@ -63,27 +63,44 @@ async fn run(cli: Cli) -> Outcome {
         .clone()
         .or_else(|| std::env::var("REDIS_URL").ok().filter(|u| !u.is_empty()))
         .unwrap_or_else(|| DEFAULT_URL.to_owned());
-    let lease = cli.watchdog_lease;
     match cli.command {
-        Command::Exec(args) => exec::run(&url, lease, args).await,
-        Command::Status(args) => inspect::status(&url, lease, args).await.into(),
-        Command::Unlock(args) => inspect::unlock(&url, lease, args).await.into(),
+        Command::Exec(args) => exec::run(&url, args).await,
+        Command::Status(args) => inspect::status(&url, args).await.into(),
+        Command::Unlock(args) => inspect::unlock(&url, args).await.into(),
         Command::Demo(args) => demo::run(cli.url, args).await.into(),
         Command::DemoWorker(args) => worker::run(&url, args).await.into(),
     }
 }
 
-/// Connects, turning a refused URL or lease into a usage error.
-pub async fn connect(url: &str, watchdog_lease: Duration) -> Result<Client, Failure> {
-    Client::builder()
+/// Connects, turning a refused URL, lease or prefix into a usage error and an unreachable
+/// server into a sentence naming it.
+pub async fn connect(
+    url: &str,
+    key: &KeyArgs,
+    watchdog_lease: Duration,
+) -> Result<Client, Failure> {
+    let builder = Client::builder()
         .url(url)
-        .watchdog_lease(watchdog_lease)
-        .connect()
-        .await
-        .map_err(|e| match e {
-            redbaton::Error::InvalidArgument(detail) => Failure::new(exit::USAGE, detail),
-            other => other.into(),
-        })
+        .key_prefix(&key.key_prefix)
+        .watchdog_lease(watchdog_lease);
+    let server = builder.config().redacted_url();
+    builder.connect().await.map_err(|e| match e {
+        redbaton::Error::InvalidArgument(detail) => Failure::new(exit::USAGE, detail),
+        redbaton::Error::Connection(detail) => {
+            // The library puts the (redacted) URL first; the sentence names it once.
+            let detail = detail
+                .strip_prefix(&server)
+                .map_or(detail.as_str(), |rest| rest.trim_start_matches(": "));
+            Failure::new(
+                exit::UNAVAILABLE,
+                format!(
+                    "cannot connect to Redis at {server}: {}",
+                    exit::plain(detail)
+                ),
+            )
+        }
+        other => other.into(),
+    })
 }
 
 /// Refuses an empty lock name before anything is sent (exit 65).

@@ -40,7 +40,7 @@ impl Keys {
 }
 
 pub async fn run(url: &str, args: WorkerArgs) -> Result<u8, Failure> {
-    let client = crate::connect(url, redbaton::DEFAULT_WATCHDOG_LEASE).await?;
+    let client = crate::connect(url, &Default::default(), redbaton::DEFAULT_WATCHDOG_LEASE).await?;
     println!("ready");
     let _ = std::io::stdout().flush();
     let mut go = String::new();

@@ -66,7 +66,7 @@ fn usage_errors_exit_64() {
         &["exec", "--wait", "soon", "name", "--", "true"], // bad duration
         &["exec", "--lease", "-5", "name", "--", "true"],
         &["exec", "--lease", "0", "name", "--", "true"],
-        &["--watchdog-lease", "1x", "exec", "name", "--", "true"],
+        &["exec", "--watchdog-lease", "1x", "name", "--", "true"],
         &["unlock", "name"][..], // --force is required
         &["frobnicate"][..],
     ] {
@@ -82,7 +82,7 @@ fn usage_errors_exit_64() {
 }
 
 #[test]
-fn redis_unreachable_exits_69_naming_host_and_port() {
+fn redis_unreachable_exits_69_in_a_sentence_naming_host_and_port() {
     let port = support::free_port();
     let url = format!("redis://127.0.0.1:{port}");
     for args in [
@@ -92,7 +92,18 @@ fn redis_unreachable_exits_69_naming_host_and_port() {
     ] {
         let (code, _, err) = run(redbaton(&url, args));
         assert_eq!(code, 69, "{args:?}: {err}");
-        assert!(err.contains(&format!("127.0.0.1:{port}")), "{err}");
+        // One sentence, not Rust debug text (`IO: Os { code: 111, kind: … }`).
+        assert_eq!(err.lines().count(), 1, "one line: {err}");
+        assert!(
+            !err.contains("Os {") && !err.contains("kind:") && !err.contains("IO:"),
+            "no Rust debug text: {err}"
+        );
+        assert!(
+            err.contains(&format!(
+                "cannot connect to Redis at redis://127.0.0.1:{port}: connection refused"
+            )),
+            "{err}"
+        );
     }
 }
 
@@ -388,7 +399,6 @@ fn redis_gone_past_the_watchdog_lease_is_a_lost_lease() {
         "gone",
         &format!("echo up > {}; sleep 300", ready.display()),
     );
-    // --watchdog-lease is global: it goes before the subcommand too.
     wait_for_file(&ready, 20 * SEC);
     server.kill();
     let status =
