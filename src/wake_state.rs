@@ -250,10 +250,11 @@ mod model {
     type ModelWakes = Wakes<AtomicUsize>;
 
     /// A semaphore's waiters on one group: each needs some permits, tries, and parks until a
-    /// message; whoever holds permits releases them with a message. Every waiter must get its
-    /// permits (none left parked), and no more wake-ups are taken than messages and passes
-    /// gave.
-    fn permits_scenario(needs: &'static [usize], held: usize) {
+    /// message; whoever holds permits releases them with a message. The first `quitters` give
+    /// up once woken (their deadline came with the wake-up) and pass it on. Every other waiter
+    /// must get its permits (none left parked), and no more wake-ups are taken than messages
+    /// and passes gave.
+    fn permits_scenario(needs: &'static [usize], quitters: usize, held: usize) {
         // One more waiter is registered, busy with its first attempt throughout: the group
         // stays (the hub drops a group with no waiter left, and what it counted with it).
         let wakes = Arc::new(ModelWakes::new(needs.len() + 1));
@@ -271,7 +272,8 @@ mod model {
             }
         };
         let mut tasks = Vec::new();
-        for &need in needs {
+        for (i, &need) in needs.iter().enumerate() {
+            let quits = i < quitters;
             let (wakes, free, given, taken, release) = (
                 wakes.clone(),
                 free.clone(),
@@ -298,6 +300,12 @@ mod model {
                     wakes.wait(Wake::Permits, seen).await;
                     taken.fetch_add(1, Ordering::SeqCst);
                     woken = true;
+                    if quits {
+                        given.fetch_add(1, Ordering::SeqCst);
+                        wakes.pass_on(Wake::Permits);
+                        wakes.leave();
+                        return;
+                    }
                 }
                 // Acquired: its registration goes, then it releases what it took.
                 wakes.leave();
@@ -325,13 +333,18 @@ mod model {
 
     #[test]
     fn permits_wake_ups_are_neither_lost_nor_doubled() {
-        explore(|| permits_scenario(&[1, 1, 1], 2));
+        explore(|| permits_scenario(&[1, 1, 1], 0, 2));
     }
 
     #[test]
     fn a_wake_up_too_small_for_its_waiter_reaches_a_smaller_request() {
         // The two-permit waiter may be woken first by one permit: it must pass it on.
-        explore(|| permits_scenario(&[2, 1, 1], 2));
+        explore(|| permits_scenario(&[2, 1, 1], 0, 2));
+    }
+
+    #[test]
+    fn a_waiter_that_gives_up_once_woken_passes_the_permits_on() {
+        explore(|| permits_scenario(&[1, 1, 1], 1, 1));
     }
 
     /// A lock's waiters on one group: each tries, parks until the unlock message, and once it
