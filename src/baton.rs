@@ -29,15 +29,14 @@
 //! once, by the releaser or by the hold's own drop — never a hold nobody knows about.
 
 use std::any::Any;
-use std::collections::VecDeque;
 use std::future::poll_fn;
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::sync::Arc;
-use std::task::{Poll, Waker};
 
 use parking_lot::Mutex;
 
-use crate::holds::Lease;
+pub(crate) use crate::baton_state::Baton;
+use crate::baton_state::Entries;
 
 /// Releases of a key made the ordinary way, without a claim, after a pass found another
 /// client waiting: that client most likely still waits (it is served by the unlock message,
@@ -45,67 +44,14 @@ use crate::holds::Lease;
 /// sits out the release's round trip, and the script counts the channel's subscribers.
 const ORDINARY_AFTER_ANOTHER_CLIENT: u32 = 8;
 
-/// Who a waiter is, for a pass: what the releaser needs to write its hold.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Baton {
-    /// The waiting task's owner number in its client. Only tasks are passed the lock: a
-    /// waiter with an explicit owner field (possibly another client's) tries for itself.
-    pub(crate) task: u64,
-    /// The lease the waiter asked for.
-    pub(crate) lease: Lease,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum State {
-    /// Attempting (or not parked yet): not to be claimed.
-    Busy,
-    /// Parked: a releaser may claim it.
-    Parked,
-    /// Claimed by a releaser whose pass is in flight.
-    Claimed,
-    /// The lock was passed to it; its guard waits in `handed`.
-    Handed,
-}
-
-/// One waiter's entry.
-struct Entry {
-    id: u64,
-    baton: Baton,
-    state: State,
-    /// The guard handed over (a `Guard<K>` of the waiter's kind).
-    handed: Option<Box<dyn Any + Send>>,
-    /// Woken when a releaser acts on the entry.
-    waker: Option<Waker>,
-}
-
-#[derive(Default)]
-struct Entries {
-    /// In the order the waiters joined, so sorted by id.
-    queue: VecDeque<Entry>,
-    next_id: u64,
-}
-
-impl Entries {
-    /// Where waiter `id` is in the queue, if still there.
-    fn position(&self, id: u64) -> Option<usize> {
-        match self.queue.front() {
-            // A waiter served in turn is first in line.
-            Some(e) if e.id == id => Some(0),
-            _ => self.queue.binary_search_by_key(&id, |e| e.id).ok(),
-        }
-    }
-
-    fn get(&mut self, id: u64) -> Option<&mut Entry> {
-        let at = self.position(id)?;
-        self.queue.get_mut(at)
-    }
-}
+/// What a releaser hands a waiter: the passed lock's guard (a `Guard<K>` of the waiter's kind).
+type Handed = Box<dyn Any + Send>;
 
 /// The entries of one key's waiters that a release can pass the lock to, in the order they
 /// joined.
 #[derive(Default)]
 pub(crate) struct Queue {
-    entries: Mutex<Entries>,
+    entries: Mutex<Entries<Handed>>,
     /// Releases still to make without a claim (see [`ORDINARY_AFTER_ANOTHER_CLIENT`]).
     ordinary: AtomicU32,
 }
@@ -114,27 +60,13 @@ impl Queue {
     /// Places a waiter last, busy (its first re-check is still to come); it leaves the queue
     /// when the returned ticket is dropped.
     pub(crate) fn join(&self, baton: Baton) -> Ticket<'_> {
-        let mut entries = self.entries.lock();
-        let id = entries.next_id;
-        entries.next_id += 1;
-        entries.queue.push_back(Entry {
-            id,
-            baton,
-            state: State::Busy,
-            handed: None,
-            waker: None,
-        });
+        let id = self.entries.lock().join(baton);
         Ticket { queue: self, id }
     }
 
     /// How many of its waiters are parked (claimable) now.
     pub(crate) fn parked(&self) -> usize {
-        let entries = self.entries.lock();
-        entries
-            .queue
-            .iter()
-            .filter(|e| e.state == State::Parked)
-            .count()
+        self.entries.lock().parked()
     }
 
     /// Claims the first parked waiter. It keeps its place until it leaves, so a withdrawn
@@ -144,24 +76,12 @@ impl Queue {
         if self.ordinary.fetch_update(Relaxed, Relaxed, skip).is_ok() {
             return None;
         }
-        let mut entries = self.entries.lock();
-        let entry = entries
-            .queue
-            .iter_mut()
-            .find(|e| e.state == State::Parked)?;
-        // Not woken: it has nothing to do until the pass's outcome.
-        entry.state = State::Claimed;
+        let (id, baton) = self.entries.lock().claim()?;
         Some(Claim {
             queue: self.clone(),
-            id: entry.id,
-            baton: entry.baton,
+            id,
+            baton,
         })
-    }
-}
-
-fn wake(entry: &mut Entry) {
-    if let Some(waker) = entry.waker.take() {
-        waker.wake();
     }
 }
 
@@ -181,11 +101,7 @@ impl Claim {
     /// The lock was not passed: the waiter parks on (an ordinary release wakes it as any
     /// waiter).
     pub(crate) fn withdraw(self) {
-        let mut entries = self.queue.entries.lock();
-        if let Some(entry) = entries.get(self.id) {
-            entry.state = State::Parked;
-            wake(entry);
-        }
+        self.queue.entries.lock().withdraw(self.id);
     }
 
     /// Not passed: another client was found waiting, and the release was an ordinary one.
@@ -199,15 +115,8 @@ impl Claim {
 
     /// Hands the passed lock's guard over. Returns it if the waiter has left meanwhile: the
     /// caller then drops it, which releases the hold.
-    pub(crate) fn hand(self, guard: Box<dyn Any + Send>) -> Option<Box<dyn Any + Send>> {
-        let mut entries = self.queue.entries.lock();
-        let Some(entry) = entries.get(self.id) else {
-            return Some(guard);
-        };
-        entry.state = State::Handed;
-        entry.handed = Some(guard);
-        wake(entry);
-        None
+    pub(crate) fn hand(self, guard: Handed) -> Option<Handed> {
+        self.queue.entries.lock().hand(self.id, guard).err()
     }
 }
 
@@ -221,71 +130,28 @@ pub(crate) struct Ticket<'q> {
 impl Ticket<'_> {
     /// The waiter parks: a releaser may now claim it.
     pub(crate) fn park(&self) {
-        let mut entries = self.queue.entries.lock();
-        if let Some(entry) = entries.get(self.id) {
-            if entry.state == State::Busy {
-                entry.state = State::Parked;
-            }
-        }
+        self.queue.entries.lock().park(self.id);
     }
 
     /// The waiter is about to try for the lock itself. Returns the guard if the lock was
     /// passed to it meanwhile (waiting out a pass in flight first: its outcome is one round
     /// trip away, and the releaser bounds it — a caller whose deadline comes first drops the
     /// ticket instead, leaving whatever the pass wrote to the releaser); `None`: go ahead.
-    pub(crate) async fn start_attempt(&self) -> Option<Box<dyn Any + Send>> {
-        poll_fn(|cx| {
-            let mut entries = self.queue.entries.lock();
-            let Some(entry) = entries.get(self.id) else {
-                return Poll::Ready(None);
-            };
-            match entry.state {
-                State::Busy => Poll::Ready(None),
-                State::Parked => {
-                    entry.state = State::Busy;
-                    Poll::Ready(None)
-                }
-                State::Handed => {
-                    // A guard it could not take would come back here: it tries on its own.
-                    entry.state = State::Busy;
-                    Poll::Ready(entry.handed.take())
-                }
-                State::Claimed => {
-                    entry.waker = Some(cx.waker().clone());
-                    Poll::Pending
-                }
-            }
-        })
-        .await
+    pub(crate) async fn start_attempt(&self) -> Option<Handed> {
+        poll_fn(|cx| self.queue.entries.lock().start_attempt(self.id, cx.waker())).await
     }
 
     /// Resolves when a releaser has handed this waiter the lock. A claim alone does not end
     /// the wait: an unlock message may still come to it (the pass found another client
     /// waiting and published), and it is this waiter's to consume.
     pub(crate) async fn acted(&self) {
-        poll_fn(|cx| {
-            let mut entries = self.queue.entries.lock();
-            match entries.get(self.id) {
-                Some(entry) if entry.state == State::Handed => Poll::Ready(()),
-                Some(entry) => {
-                    entry.waker = Some(cx.waker().clone());
-                    Poll::Pending
-                }
-                None => Poll::Pending,
-            }
-        })
-        .await
+        poll_fn(|cx| self.queue.entries.lock().acted(self.id, cx.waker())).await
     }
 }
 
 impl Drop for Ticket<'_> {
     fn drop(&mut self) {
-        let unclaimed = {
-            let mut entries = self.queue.entries.lock();
-            let at = entries.position(self.id);
-            at.and_then(|at| entries.queue.remove(at))
-                .and_then(|e| e.handed)
-        };
+        let unclaimed = self.queue.entries.lock().leave(self.id);
         // Dropped outside the lock: the guard's drop spawns its release.
         drop(unclaimed);
     }
@@ -294,8 +160,9 @@ impl Drop for Ticket<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::holds::Lease;
     use std::pin::pin;
-    use std::task::Context;
+    use std::task::{Context, Waker};
 
     /// A waiter of `queue`, parked.
     fn parked_waiter(queue: &Queue) -> Ticket<'_> {

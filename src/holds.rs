@@ -30,6 +30,7 @@ use tokio::time::Instant;
 
 use crate::conn::{Call, Conn, LuaScript};
 use crate::metrics::{ClientMetrics, HoldMetrics};
+use crate::turn_state::TurnState;
 
 /// How a hold's lease is kept.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -170,10 +171,8 @@ pub(crate) struct Entry {
 }
 
 struct State {
-    /// A counted call is in flight.
-    busy: bool,
-    /// Tasks waiting for the turn.
-    queued: u32,
+    /// Who has the turn, and how many wait for it.
+    turn: TurnState,
     generation: u64,
     /// Guards of the current generation.
     guards: u32,
@@ -275,17 +274,12 @@ impl Holds {
                 .entry((key.clone(), field.clone()))
                 .or_insert_with(|| self.new_entry(key, field, ops));
             let entry = slot.value().clone();
-            let mut state = entry.state.lock();
-            if !state.busy {
-                state.busy = true;
-                drop(state);
+            if entry.state.lock().turn.take_or_queue() {
                 return Some(Turn {
                     holds: self.clone(),
                     entry,
                 });
             }
-            state.queued += 1;
-            drop(state);
             entry
         };
         let mut queued = Queued {
@@ -297,18 +291,12 @@ impl Holds {
             let free = entry.turn_free.notified();
             tokio::pin!(free);
             free.as_mut().enable();
-            {
-                let mut state = entry.state.lock();
-                if !state.busy {
-                    state.busy = true;
-                    state.queued -= 1;
-                    queued.waiting = false;
-                    drop(state);
-                    return Some(Turn {
-                        holds: self.clone(),
-                        entry: entry.clone(),
-                    });
-                }
+            if entry.state.lock().turn.take_queued() {
+                queued.waiting = false;
+                return Some(Turn {
+                    holds: self.clone(),
+                    entry: entry.clone(),
+                });
             }
             if tokio::time::timeout_at(deadline, free).await.is_err() {
                 return None;
@@ -326,8 +314,7 @@ impl Holds {
             own,
             ops: ops.clone(),
             state: Mutex::new(State {
-                busy: false,
-                queued: 0,
+                turn: TurnState::default(),
                 generation: NEXT_GENERATION.fetch_add(1, Ordering::Relaxed),
                 guards: 0,
                 watchdog_guards: 0,
@@ -434,12 +421,8 @@ impl Drop for Queued<'_> {
         if !self.waiting {
             return;
         }
-        let pass_on = {
-            let mut state = self.entry.state.lock();
-            state.queued -= 1;
-            // A hand-over meant for this task may have been consumed: pass it on.
-            !state.busy && state.queued > 0
-        };
+        // A hand-over meant for this task may have been consumed: pass it on.
+        let pass_on = self.entry.state.lock().turn.give_up();
         if pass_on {
             self.entry.turn_free.notify_one();
         }
@@ -456,7 +439,7 @@ pub(crate) struct Renewable {
 
 impl State {
     fn idle(&self) -> bool {
-        !self.busy && self.queued == 0 && self.guards == 0
+        self.turn.idle() && self.guards == 0
     }
 
     fn live(&self, generation: u64) -> bool {
@@ -694,11 +677,7 @@ impl Turn {
 
 impl Drop for Turn {
     fn drop(&mut self) {
-        let wake = {
-            let mut state = self.entry.state.lock();
-            state.busy = false;
-            state.queued > 0
-        };
+        let wake = self.entry.state.lock().turn.free();
         if wake {
             self.entry.turn_free.notify_one();
         } else {

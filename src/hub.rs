@@ -22,7 +22,7 @@
 //! may have been lost: the hub then bumps its *generation* and every waiter re-checks.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -37,21 +37,8 @@ use tokio::time::Instant;
 
 use crate::baton::{Claim, Queue};
 use crate::config::PubSubMode;
-
-/// What a message on a channel means for its waiters.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Wake {
-    /// A lock channel: `0` (unlock) wakes one waiter of each group, `1` (a read/write lock's
-    /// write-unlock) wakes all of them, and `-<ms>` (a read/write lock's read unlock that
-    /// brought the lock's expiry down to `ms` milliseconds) wakes all of them once `ms` have
-    /// passed: they parked until the later expiry they had read, and the lock may be free
-    /// from then on. Redisson's waiters ignore that last one (every number but 0 and 1).
-    Lock,
-    /// A semaphore channel: the message is a number of permits, and wakes that many waiters
-    /// of each group. A woken waiter that cannot use the permits (it asks for more) passes
-    /// its wake-up on to the waiters that have not looked since the message.
-    Permits,
-}
+pub use crate::wake_state::Wake;
+use crate::wake_state::Wakes;
 
 /// One channel as seen by this process.
 pub(crate) struct Channel {
@@ -70,21 +57,8 @@ pub(crate) struct Channel {
 /// The waiters of one key on a channel.
 pub(crate) struct Group {
     key: Arc<str>,
-    /// Waiters registered (the group leaves its channel at zero); changed only under the
-    /// channel's `groups` lock.
-    waiters: AtomicUsize,
-    /// The wake-up primitive they park on (FIFO for `notify_one`).
-    notify: Notify,
-    /// [`Wake::Permits`]: wake-ups delivered and not yet taken by a waiter, at most one per
-    /// registered waiter. `Notify` keeps at most one wake-up for a waiter that is not parked
-    /// yet (still busy with its attempt when the message came), so `n` wake-ups would
-    /// collapse into one; they are counted here instead.
-    pending: AtomicUsize,
-    /// [`Wake::Permits`]: the messages delivered so far (wrapping). A waiter notes it before
-    /// each look and takes no wake-up until it moves: what it saw is no news to it. So a
-    /// wake-up passed on by a waiter that could not use it goes to one that has not looked,
-    /// never back and forth between two that cannot use it.
-    messages: AtomicU32,
+    /// Its waiters' wake-ups (the group leaves its channel when none is registered).
+    wakes: Wakes,
     /// The batons of its waiters that can be passed the lock (see [`crate::baton`]).
     batons: Arc<Queue>,
     /// [`Wake::Lock`]: when the lock's lease ends, as the last `-<ms>` message said, while a
@@ -95,35 +69,6 @@ pub(crate) struct Group {
 }
 
 impl Group {
-    /// Parks until a message wakes this waiter; `seen` is [`Group::messages`] as the waiter
-    /// noted it before it last looked ([`Wake::Permits`] only).
-    ///
-    /// Not an `async fn`: a parked waiter keeps this future, and as an `async fn` it would
-    /// keep its arguments twice (as passed, and as bound), 8 bytes more.
-    #[allow(clippy::manual_async_fn)]
-    fn wait(&self, wake: Wake, seen: u32) -> impl Future<Output = ()> + Send + '_ {
-        async move {
-            if wake == Wake::Lock {
-                return self.notify.notified().await;
-            }
-            loop {
-                let mut notified = std::pin::pin!(self.notify.notified());
-                // Registered before the check: a wake-up counted after it notifies this one.
-                notified.as_mut().enable();
-                if self.messages.load(Ordering::Acquire) != seen && self.take_pending() {
-                    return;
-                }
-                notified.await;
-            }
-        }
-    }
-
-    /// Wakes every waiter: the parked ones, and one still busy with its attempt.
-    fn wake_all(&self) {
-        self.notify.notify_waiters();
-        self.notify.notify_one();
-    }
-
     /// The lock's lease now ends `ms` from now: every waiter is woken then, by a timer task
     /// (one per group, following later news). Waiters are not woken now: the lock is still
     /// held, and a re-check would only read the new expiry, one round trip each.
@@ -144,52 +89,6 @@ impl Group {
     fn forget_lease_end(&self) {
         if self.lease_end.lock().take().is_some() {
             self.lease_moved.notify_one();
-        }
-    }
-
-    /// Takes one pending wake-up, if any.
-    fn take_pending(&self) -> bool {
-        self.pending
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |p| p.checked_sub(1))
-            .is_ok()
-    }
-
-    /// Adds up to `n` wake-ups, capped at one per registered waiter; returns how many are
-    /// pending now.
-    fn add_pending(&self, n: u64) -> usize {
-        let waiters = self.waiters.load(Ordering::Relaxed);
-        let mut now = 0;
-        let _ = self
-            .pending
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |p| {
-                let room = waiters.max(1).saturating_sub(p) as u64;
-                now = p + n.min(room) as usize;
-                Some(now)
-            });
-        now
-    }
-
-    /// Hands a wake-up on to the next waiter that may use it.
-    fn pass_on(&self, wake: Wake) {
-        match wake {
-            Wake::Lock => self.notify.notify_one(),
-            Wake::Permits => {
-                self.add_pending(1);
-                // Every parked waiter, not the first in line: that one may have looked since
-                // the message, and would leave the wake-up to the others without telling
-                // them. Those that looked go back to sleep without a round trip.
-                self.notify.notify_waiters();
-            }
-        }
-    }
-
-    /// A message: `permits` wake-ups for the waiters, all of whom it is news to.
-    fn permits_released(&self, permits: u64) {
-        self.messages.fetch_add(1, Ordering::AcqRel);
-        let pending = self.add_pending(permits);
-        // Wake-ups left by earlier messages count too: every waiter may take one now.
-        for _ in 0..permits.min(pending as u64) {
-            self.notify.notify_one();
         }
     }
 }
@@ -237,7 +136,7 @@ impl Channel {
         self.groups
             .lock()
             .iter()
-            .for_each(|g| g.notify.notify_waiters());
+            .for_each(|g| g.wakes.wake_parked());
         true
     }
 
@@ -250,14 +149,14 @@ impl Channel {
                 tracing::trace!(channel = %self.name, "unlock message: waking one waiter");
                 groups.iter().for_each(|g| {
                     g.forget_lease_end();
-                    g.notify.notify_one();
+                    g.wakes.wake_one();
                 });
             }
             (Wake::Lock, "1") => {
                 tracing::trace!(channel = %self.name, "write-unlock message: waking all waiters");
                 groups.iter().for_each(|g| {
                     g.forget_lease_end();
-                    g.wake_all();
+                    g.wakes.wake_all();
                 });
             }
             (Wake::Lock, news) => {
@@ -275,7 +174,9 @@ impl Channel {
                     return;
                 }
                 tracing::trace!(channel = %self.name, permits, "permits released: waking as many waiters");
-                groups.iter().for_each(|g| g.permits_released(permits));
+                groups
+                    .iter()
+                    .for_each(|g| g.wakes.permits_released(permits));
             }
         }
     }
@@ -322,13 +223,13 @@ impl Subscription {
     /// Parks until a message for this waiter's key wakes it; `seen` is what
     /// [`messages`](Self::messages) said before the waiter last looked.
     pub(crate) fn notified(&self, seen: u32) -> impl Future<Output = ()> + Send + '_ {
-        self.group.wait(self.channel.wake, seen)
+        self.group.wakes.wait(self.channel.wake, seen)
     }
 
     /// The messages this waiter's group has had so far (wrapping): noted before each look, so
     /// that on a [`Wake::Permits`] channel the waiter takes no wake-up about what it saw.
     pub(crate) fn messages(&self) -> u32 {
-        self.group.messages.load(Ordering::Acquire)
+        self.group.wakes.messages()
     }
 
     /// The baton queue of this waiter's key.
@@ -339,7 +240,7 @@ impl Subscription {
     /// Hands a wake-up this waiter received but will not use to the next waiter.
     pub(crate) fn pass_on(&self) {
         tracing::trace!(channel = %self.channel.name, "passing a wake-up on");
-        self.group.pass_on(self.channel.wake);
+        self.group.wakes.pass_on(self.channel.wake);
     }
 }
 
@@ -347,18 +248,10 @@ impl Drop for Subscription {
     fn drop(&mut self) {
         {
             let mut groups = self.channel.groups.lock();
-            let left = self.group.waiters.fetch_sub(1, Ordering::Relaxed) - 1;
-            if left == 0 {
+            if self.group.wakes.leave() == 0 {
                 groups.retain(|g| !Arc::ptr_eq(g, &self.group));
                 self.group.forget_lease_end();
             }
-            // Wake-ups beyond the waiters left would only cause spurious re-checks.
-            let _ = self
-                .group
-                .pending
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |p| {
-                    (p > left).then_some(left)
-                });
         }
         let name = &self.channel.name;
         let removed = self.hub.channels.remove_if_mut(name, |_, slot| {
@@ -441,10 +334,7 @@ impl Hub {
                 None => {
                     let group = Arc::new(Group {
                         key: key.clone(),
-                        waiters: AtomicUsize::new(0),
-                        notify: Notify::new(),
-                        pending: AtomicUsize::new(0),
-                        messages: AtomicU32::new(0),
+                        wakes: Wakes::new(0),
                         batons: Arc::default(),
                         lease_end: Mutex::new(None),
                         lease_moved: Notify::new(),
@@ -453,7 +343,7 @@ impl Hub {
                     group
                 }
             };
-            group.waiters.fetch_add(1, Ordering::Relaxed);
+            group.wakes.join();
             group
         };
         Subscription {
@@ -656,7 +546,7 @@ async fn wake_at_lease_end(group: Arc<Group>) {
             *lease_end = None;
             drop(lease_end);
             tracing::trace!(key = %group.key, "the lock's lease ended: waking all waiters");
-            group.wake_all();
+            group.wakes.wake_all();
             return;
         }
     }
@@ -819,6 +709,7 @@ async fn resubscribe(hub: &Hub) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::AtomicUsize;
 
     fn permits_channel(waiters: usize) -> (Channel, Arc<Group>) {
         test_channel(Wake::Permits, waiters)
@@ -827,10 +718,7 @@ mod tests {
     fn test_channel(wake: Wake, waiters: usize) -> (Channel, Arc<Group>) {
         let group = Arc::new(Group {
             key: "sem".into(),
-            waiters: AtomicUsize::new(waiters),
-            notify: Notify::new(),
-            pending: AtomicUsize::new(0),
-            messages: AtomicU32::new(0),
+            wakes: Wakes::new(waiters),
             batons: Arc::default(),
             lease_end: Mutex::new(None),
             lease_moved: Notify::new(),
@@ -854,7 +742,7 @@ mod tests {
     }
 
     async fn woken_after(group: &Group, seen: u32, within: Duration) -> bool {
-        tokio::time::timeout(within, group.wait(Wake::Permits, seen))
+        tokio::time::timeout(within, group.wakes.wait(Wake::Permits, seen))
             .await
             .is_ok()
     }
@@ -884,7 +772,7 @@ mod tests {
         for i in 0..5 {
             let (group, tx) = (group.clone(), tx.clone());
             tokio::spawn(async move {
-                group.wait(Wake::Permits, NEVER_LOOKED).await;
+                group.wakes.wait(Wake::Permits, NEVER_LOOKED).await;
                 let _ = tx.send(i);
             });
         }
@@ -917,7 +805,7 @@ mod tests {
                 .expect("woken")
                 .unwrap();
         }
-        assert!(group.pending.load(Ordering::Relaxed) <= 5);
+        assert!(group.wakes.pending() <= 5);
     }
 
     /// Waiters of a lock channel, each counting its wake-ups and parking again.
@@ -927,7 +815,7 @@ mod tests {
             let (group, woken) = (group.clone(), woken.clone());
             tokio::spawn(async move {
                 loop {
-                    group.wait(Wake::Lock, NEVER_LOOKED).await;
+                    group.wakes.wait(Wake::Lock, NEVER_LOOKED).await;
                     woken.fetch_add(1, Ordering::SeqCst);
                 }
             });
@@ -991,7 +879,7 @@ mod tests {
         for name in ["a", "b"] {
             let (group, tx) = (group.clone(), tx.clone());
             tokio::spawn(async move {
-                group.wait(Wake::Permits, NEVER_LOOKED).await;
+                group.wakes.wait(Wake::Permits, NEVER_LOOKED).await;
                 let _ = tx.send(name);
             });
             tokio::task::yield_now().await;
@@ -999,15 +887,15 @@ mod tests {
         channel.deliver(&Value::from("1"));
         let first = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await;
         assert_eq!(first.expect("woken").unwrap(), "a");
-        let looked = group.messages.load(Ordering::Acquire);
-        group.pass_on(Wake::Permits);
+        let looked = group.wakes.messages();
+        group.wakes.pass_on(Wake::Permits);
         assert!(
             !woken_after(&group, looked, Duration::from_millis(100)).await,
             "a took back the wake-up it passed on"
         );
         let second = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await;
         assert_eq!(second.expect("b got the wake-up").unwrap(), "b");
-        group.pass_on(Wake::Permits);
+        group.wakes.pass_on(Wake::Permits);
         assert!(!woken_after(&group, looked, Duration::from_millis(100)).await);
         // A new message is news to both.
         channel.deliver(&Value::from("2"));

@@ -189,6 +189,7 @@
 
 mod acquire;
 mod baton;
+mod baton_state;
 mod client;
 mod config;
 mod conn;
@@ -203,12 +204,16 @@ mod leased_semaphore;
 pub mod metrics;
 #[cfg(not(feature = "metrics"))]
 mod metrics;
+#[cfg(test)]
+mod model;
 mod multilock;
 mod owner;
 mod redlock;
 mod scope;
 mod semaphore;
 mod state;
+mod turn_state;
+mod wake_state;
 mod watchdog;
 
 /// The Redis client crate redbaton is built on, fred 10: [`Client::redis`] returns its client,
