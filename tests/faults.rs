@@ -796,50 +796,8 @@ async fn dropped_guard_is_released_and_never_renewed_afterwards() {
         dropped_at.elapsed()
     );
 
-    assert_never_renewed(&raw, name, &owner, lease).await;
+    support::assert_never_renewed(&raw, name, &owner, lease).await;
     client.shutdown().await.unwrap();
-}
-
-/// Writes a hold of `owner` by hand with a short TTL and checks over two renewal periods
-/// that its PTTL only goes down (nobody renews it) and that no renewal script runs at all.
-async fn assert_never_renewed(
-    raw: &fred::clients::Client,
-    name: &str,
-    owner: &str,
-    lease: Duration,
-) {
-    let _: () = raw.hset(name, (owner, 1)).await.unwrap();
-    let _: () = raw
-        .pexpire(name, 2 * lease.as_millis() as i64, None)
-        .await
-        .unwrap();
-    let calls = command_calls(raw)
-        .await
-        .get("evalsha")
-        .copied()
-        .unwrap_or(0);
-    let mut last = i64::MAX;
-    let until = Instant::now() + lease * 2 / 3 + lease / 3;
-    while Instant::now() < until {
-        let pttl: i64 = raw.pttl(name).await.unwrap();
-        assert!(
-            pttl > 0 && pttl <= last,
-            "PTTL pushed back up: {pttl} after {last}"
-        );
-        last = pttl;
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(
-        last < lease.as_millis() as i64 * 2 - 900,
-        "PTTL went down: {last}"
-    );
-    let after = command_calls(raw)
-        .await
-        .get("evalsha")
-        .copied()
-        .unwrap_or(0);
-    assert_eq!(calls, after, "no script ran after the release");
-    let _: i64 = raw.del(name).await.unwrap();
 }
 
 /// Scenario 7b: client shutdown while holding releases at once; the guard is lost; nothing
@@ -886,7 +844,7 @@ async fn shutdown_while_holding_releases_and_never_renews() {
     assert_eq!(outer.unlock().await, Err(Error::ShutDown));
     drop(fixed);
 
-    assert_never_renewed(&raw, name, &owner, lease).await;
+    support::assert_never_renewed(&raw, name, &owner, lease).await;
     other.shutdown().await.unwrap();
 }
 

@@ -163,6 +163,50 @@ pub async fn command_calls(raw: &fred::clients::Client) -> std::collections::Has
         .collect()
 }
 
+/// Script calls the server ran (`EVALSHA` and `EVAL`).
+async fn script_calls(raw: &fred::clients::Client) -> u64 {
+    let calls = command_calls(raw).await;
+    ["evalsha", "eval"]
+        .iter()
+        .map(|c| calls.get(*c).copied().unwrap_or(0))
+        .sum()
+}
+
+/// Writes a hold of `owner` on `name` by hand, as if it were still held, and checks over a
+/// whole `lease` (three renewal periods) that nobody renews it: no script runs at all, and its
+/// PTTL never goes up nor falls to a lease. The TTL written is ten leases, so a renewal —
+/// which sets the PTTL to the lease — stands out, while a loaded machine's slow reads cannot
+/// let the key expire under the check.
+pub async fn assert_never_renewed(
+    raw: &fred::clients::Client,
+    name: &str,
+    owner: &str,
+    lease: Duration,
+) {
+    let lease_ms = lease.as_millis() as i64;
+    let _: () = raw.hset(name, (owner, 1)).await.unwrap();
+    let _: () = raw.pexpire(name, 10 * lease_ms, None).await.unwrap();
+    let calls = script_calls(raw).await;
+    let mut last = i64::MAX;
+    let until = Instant::now() + lease;
+    loop {
+        let done = Instant::now() >= until;
+        let pttl: i64 = raw.pttl(name).await.unwrap();
+        assert!(
+            pttl > lease_ms && pttl <= last,
+            "renewed: PTTL {pttl} ms after {last} ms (written as {} ms)",
+            10 * lease_ms
+        );
+        last = pttl;
+        if done {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(calls, script_calls(raw).await, "no script ran");
+    let _: i64 = raw.del(name).await.unwrap();
+}
+
 /// Subscribers of `channel` across all clients (`PUBSUB NUMSUB`).
 pub async fn numsub(raw: &fred::clients::Client, channel: &str) -> i64 {
     let reply: Vec<Value> = raw
