@@ -17,6 +17,11 @@ pub struct RedisServer {
     extra: Vec<String>,
 }
 
+/// A watchdog lease for tests whose holds must be renewed several times: short enough to
+/// outlive twice in a test, long enough (renewed every 667 ms) that a renewal a loaded machine
+/// delays by a second does not lose the hold.
+pub const RENEWED_LEASE: Duration = Duration::from_secs(2);
+
 /// A free TCP port on 127.0.0.1 (bound and released; the server binds it next).
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -163,8 +168,9 @@ pub async fn command_calls(raw: &fred::clients::Client) -> std::collections::Has
         .collect()
 }
 
-/// Script calls the server ran (`EVALSHA` and `EVAL`).
-async fn script_calls(raw: &fred::clients::Client) -> u64 {
+/// Script calls the server has run so far (`EVALSHA` and `EVAL`): every acquire attempt,
+/// release and renewal is one.
+pub async fn script_calls(raw: &fred::clients::Client) -> u64 {
     let calls = command_calls(raw).await;
     ["evalsha", "eval"]
         .iter()
@@ -301,6 +307,7 @@ pub async fn still_held(
     held
 }
 
+pub mod child;
 pub mod cluster;
 pub mod proxy;
 pub mod sentinel;
