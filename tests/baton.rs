@@ -12,7 +12,7 @@ use fred::prelude::*;
 use parking_lot::Mutex;
 use redbaton::{Client, Error, Lock, LockGuard};
 use support::proxy::{Mode, Proxy};
-use support::{command, command_calls, eventually, numsub, RedisServer};
+use support::{command, command_calls, eventually, numsub, RedisServer, RENEWED_LEASE};
 
 const BOUND: Duration = Duration::from_secs(10);
 
@@ -446,7 +446,7 @@ async fn a_passed_watchdog_hold_is_renewed_and_reenters_from_one() {
     let server = RedisServer::start();
     let client = Client::builder()
         .url(server.url())
-        .watchdog_lease(Duration::from_secs(1))
+        .watchdog_lease(RENEWED_LEASE)
         .connect()
         .await
         .unwrap();
@@ -458,8 +458,8 @@ async fn a_passed_watchdog_hold_is_renewed_and_reenters_from_one() {
             let guard = lock.lock().await.unwrap();
             let owned = lock.with_owner(guard.owner());
             let first = owned.hold_count().await.unwrap();
-            // Three leases long: only renewals keep it.
-            tokio::time::sleep(Duration::from_secs(3)).await;
+            // Two leases long: only renewals keep it.
+            tokio::time::sleep(RENEWED_LEASE * 2).await;
             let inner = guard.run(|| lock.lock()).await.unwrap().unwrap();
             let second = owned.hold_count().await.unwrap();
             inner.unlock().await.unwrap();

@@ -17,12 +17,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use fred::prelude::*;
 use redbaton::{Client, Error, FairLock};
 use redisson_peer::FairPeer;
-use support::{command_calls, eventually, numsub, RedisServer};
+use support::child::{after_tag, child_arg, spawn_child, ChildProcess};
+use support::{command_calls, eventually, numsub, RedisServer, RENEWED_LEASE};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
-
-/// Env var selecting a child entry point of this binary, with its arguments.
-const CHILD_ENV: &str = "REDBATON_FAIR_CHILD";
 
 /// Generous bound for "woken by a message, not by a lease or a wait time".
 const PROMPT: Duration = Duration::from_secs(2);
@@ -241,7 +239,7 @@ async fn reentry_renewal_and_force_unlock() {
     let raw = server.raw().await;
     let client = Client::builder()
         .url(server.url())
-        .watchdog_lease(Duration::from_secs(1))
+        .watchdog_lease(RENEWED_LEASE)
         .connect()
         .await
         .unwrap();
@@ -258,8 +256,8 @@ async fn reentry_renewal_and_force_unlock() {
     inner.unlock().await.unwrap();
     assert_eq!(owned.hold_count().await.unwrap(), 1);
 
-    // The watchdog renews a fair hold past several leases.
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    // The watchdog renews a fair hold past two leases.
+    tokio::time::sleep(RENEWED_LEASE * 2).await;
     assert!(!outer.is_lost());
     assert_eq!(owned.hold_count().await.unwrap(), 1);
     assert!(lock.remaining_ttl().await.unwrap().is_some());
@@ -902,50 +900,10 @@ async fn monitor_shows_a_hand_off_on_the_heads_own_channel() {
 
 // --- child processes -------------------------------------------------------------------------
 
-/// A child process of this test binary, killed on drop (so a failing test never leaves one).
-struct ChildProcess(std::process::Child);
-
-impl Drop for ChildProcess {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Runs one `#[ignore]`d test of this binary as a child process with `arg` in [`CHILD_ENV`].
-fn spawn_child(test: &str, arg: &str) -> ChildProcess {
-    let child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--ignored",
-            "--exact",
-            test,
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD_ENV, arg)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::inherit())
-        .spawn()
-        .expect("re-execute the test binary");
-    ChildProcess(child)
-}
-
-fn child_arg() -> Option<String> {
-    std::env::var(CHILD_ENV).ok()
-}
-
-/// What a child printed after `tag` on one line.
-fn after_tag(line: &str, tag: &str) -> Option<String> {
-    line.split_once(tag).map(|(_, rest)| rest.trim().to_owned())
-}
-
-/// Child entry point of `fifo_order_across_three_processes`: once told to go, starts five
-/// tasks 25 ms apart (so the processes' waiters interleave in the queue) that wait for the
-/// fair lock; each, once it holds it, appends its owner to the order list, then releases.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "child process of fifo_order_across_three_processes"]
-async fn child_fifo_waiters() {
-    let Some(arg) = child_arg() else { return };
+/// The child of `fifo_order_across_three_processes`: once told to go, starts five tasks
+/// 25 ms apart (so the processes' waiters interleave in the queue) that wait for the fair
+/// lock; each, once it holds it, appends its owner to the order list, then releases.
+async fn child_fifo_waiters(arg: String) {
     let parts: Vec<&str> = arg.split('|').collect();
     let [url, name, order_key] = parts[..] else {
         panic!("bad child argument {arg:?}")
@@ -984,6 +942,9 @@ async fn child_fifo_waiters() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifo_order_across_three_processes() {
+    if let Some(arg) = child_arg() {
+        return child_fifo_waiters(arg).await;
+    }
     let server = RedisServer::start();
     let raw = server.raw().await;
     let client = client(&server).await;
@@ -994,7 +955,7 @@ async fn fifo_order_across_three_processes() {
 
     let arg = format!("{}|{name}|{order_key}", server.url());
     let mut children: Vec<ChildProcess> = (0..3)
-        .map(|_| spawn_child("child_fifo_waiters", &arg))
+        .map(|_| spawn_child("fifo_order_across_three_processes", &arg))
         .collect();
     assert!(
         eventually(Duration::from_secs(60), || async {
@@ -1074,12 +1035,9 @@ async fn fifo_order_across_three_processes() {
     client.shutdown().await.unwrap();
 }
 
-/// Child entry point of `a_crashed_waiter_is_purged_after_its_wait`: queues for the fair lock
-/// with a 4 s wait time and says so; killed while it waits.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "child process of a_crashed_waiter_is_purged_after_its_wait"]
-async fn child_fair_waiter() {
-    let Some(arg) = child_arg() else { return };
+/// The child of `a_crashed_waiter_is_purged_after_its_wait`: queues for the fair lock with a
+/// 4 s wait time and says so; killed while it waits.
+async fn child_fair_waiter(arg: String) {
     let (url, name) = arg.split_once('|').unwrap();
     let client = Client::builder()
         .url(url)
@@ -1102,6 +1060,9 @@ async fn child_fair_waiter() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crashed_waiter_is_purged_after_its_wait() {
+    if let Some(arg) = child_arg() {
+        return child_fair_waiter(arg).await;
+    }
     let server = RedisServer::start();
     let raw = server.raw().await;
     let name = "fair-crash";
@@ -1116,7 +1077,10 @@ async fn a_crashed_waiter_is_purged_after_its_wait() {
     let lock = holder_client.fair_lock(name);
     let holder = lock.lock().await.unwrap();
 
-    let mut child = spawn_child("child_fair_waiter", &format!("{}|{name}", server.url()));
+    let mut child = spawn_child(
+        "a_crashed_waiter_is_purged_after_its_wait",
+        &format!("{}|{name}", server.url()),
+    );
     let stdout = child.0.stdout.take().unwrap();
     let crashed = tokio::task::spawn_blocking(move || {
         let mut lines = std::io::BufReader::new(stdout).lines();
@@ -1140,7 +1104,9 @@ async fn a_crashed_waiter_is_purged_after_its_wait() {
     assert!(queue_becomes(&raw, &lock, &[&crashed, &live]).await);
 
     // SIGKILL while queued; then the holder releases (to the dead head's channel).
-    let crashed_timeout = score(&raw, &lock, &crashed).await.map(|s| s as i64);
+    let crashed_timeout = score(&raw, &lock, &crashed)
+        .await
+        .expect("the queued waiter has its timeout") as i64;
     drop(child);
     holder.unlock().await.unwrap();
     let released = Instant::now();
@@ -1153,13 +1119,11 @@ async fn a_crashed_waiter_is_purged_after_its_wait() {
         "served about the dead waiter's 4 s wait after its turn, took {:?}",
         released.elapsed()
     );
-    if let Some(timeout) = crashed_timeout {
-        assert!(
-            acquired_ms + 5 >= timeout,
-            "the dead waiter kept its place until its timeout ({} ms early)",
-            timeout - acquired_ms
-        );
-    }
+    assert!(
+        acquired_ms + 5 >= crashed_timeout,
+        "the dead waiter kept its place until its timeout ({} ms early)",
+        crashed_timeout - acquired_ms
+    );
     assert_eq!(score(&raw, &lock, &crashed).await, None, "purged");
     assert!(queue(&raw, &lock).await.is_empty());
     client.shutdown().await.unwrap();

@@ -14,12 +14,10 @@ use std::time::Duration;
 use fred::prelude::*;
 use parking_lot::Mutex;
 use redbaton::{Client, Error};
+use support::child::{after_tag, child_arg, spawn_child};
 use support::proxy::{Mode, Proxy};
-use support::{command, command_calls, eventually, numsub, RedisServer};
+use support::{command, command_calls, eventually, numsub, RedisServer, RENEWED_LEASE};
 use tokio::time::Instant;
-
-/// Env var selecting a child entry point of this binary, with its arguments.
-const CHILD_ENV: &str = "REDBATON_FAULTS_CHILD";
 
 async fn client_with(url: &str, lease: Duration, timeout: Duration) -> Client {
     Client::builder()
@@ -33,55 +31,22 @@ async fn client_with(url: &str, lease: Duration, timeout: Duration) -> Client {
         .unwrap()
 }
 
+/// Keys the server has expired since it started (`INFO stats`).
+async fn expired_keys(raw: &fred::clients::Client) -> u64 {
+    let info: String = raw.info(Some(fred::types::InfoKind::Stats)).await.unwrap();
+    info.lines()
+        .find_map(|line| line.strip_prefix("expired_keys:"))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("INFO stats has expired_keys")
+}
+
 async fn hexists(raw: &fred::clients::Client, key: &str, field: &str) -> bool {
     raw.hexists(key, field).await.unwrap()
 }
 
-/// A child process of this test binary, killed on drop (so a failing test never leaves one).
-struct ChildProcess(std::process::Child);
-
-impl Drop for ChildProcess {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Runs one `#[ignore]`d test of this binary as a child process with `arg` in [`CHILD_ENV`].
-fn spawn_child(test: &str, arg: &str) -> ChildProcess {
-    let child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--ignored",
-            "--exact",
-            test,
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD_ENV, arg)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::inherit())
-        .spawn()
-        .expect("re-execute the test binary");
-    ChildProcess(child)
-}
-
-/// What a child printed after `tag` on one line (the test harness may print its own text
-/// before it on the same line).
-fn after_tag(line: &str, tag: &str) -> Option<String> {
-    line.split_once(tag).map(|(_, rest)| rest.trim().to_owned())
-}
-
-/// The argument of a child entry point, or `None` when run by hand without one.
-fn child_arg() -> Option<String> {
-    std::env::var(CHILD_ENV).ok()
-}
-
-/// Child entry point of `holder_killed_with_sigkill_frees_the_lock_within_the_lease`: takes
-/// the lock with a 1 s watchdog lease, says so on stdout, and holds until killed.
-#[tokio::test]
-#[ignore = "child process of holder_killed_with_sigkill_frees_the_lock_within_the_lease"]
-async fn child_holder() {
-    let Some(arg) = child_arg() else { return };
+/// The child of `holder_killed_with_sigkill_frees_the_lock_within_the_lease`: takes the lock
+/// with a 1 s watchdog lease, says so on stdout, and holds until killed.
+async fn child_holder(arg: String) {
     let (url, name) = arg.split_once('|').unwrap();
     let client = client_with(url, Duration::from_secs(1), Duration::from_secs(1)).await;
     let guard = client.lock(name).lock().await.unwrap();
@@ -92,11 +57,17 @@ async fn child_holder() {
 /// Scenario 1: a holder process killed with SIGKILL while others wait.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn holder_killed_with_sigkill_frees_the_lock_within_the_lease() {
+    if let Some(arg) = child_arg() {
+        return child_holder(arg).await;
+    }
     let server = RedisServer::start();
     let raw = server.raw().await;
     let name = "killed-holder";
     let lease = Duration::from_secs(1);
-    let mut child = spawn_child("child_holder", &format!("{}|{name}", server.url()));
+    let mut child = spawn_child(
+        "holder_killed_with_sigkill_frees_the_lock_within_the_lease",
+        &format!("{}|{name}", server.url()),
+    );
     let stdout = child.0.stdout.take().unwrap();
     let owner = tokio::task::spawn_blocking(move || {
         let mut lines = std::io::BufReader::new(stdout).lines();
@@ -392,17 +363,18 @@ fn assert_lost_in_window(fault_at: Instant, lost_at: Instant, lease: Duration) {
 async fn redis_stalled_past_the_lease_fires_lost_and_times_out_in_flight_calls() {
     let server = RedisServer::start();
     let raw = server.raw().await;
-    let lease = Duration::from_secs(1);
+    let lease = RENEWED_LEASE;
     let timeout = Duration::from_millis(300);
     let holder = client_with(&server.url(), lease, timeout).await;
     let name = "stalled";
     let lock = holder.lock(name);
     let guard = lock.lock().await.unwrap();
     // Let a few renewals pass.
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    tokio::time::sleep(lease).await;
     assert!(!guard.is_lost());
 
-    let pause = Duration::from_millis(2500);
+    // Longer than lost() may take (see below), so it must fire during the stall.
+    let pause = lease * 2 + Duration::from_secs(1);
     let _ = command(
         &raw,
         "CLIENT",
@@ -412,7 +384,7 @@ async fn redis_stalled_past_the_lease_fires_lost_and_times_out_in_flight_calls()
     let paused_at = Instant::now();
 
     // Operations in flight return a timeout error instead of hanging.
-    // (Bounded well below the 2.5 s stall, generously above the 300 ms timeout.)
+    // (Bounded well below the stall, generously above the 300 ms timeout.)
     let started = Instant::now();
     let err = lock.is_locked().await.unwrap_err();
     assert_eq!(err, Error::Timeout(timeout), "{err}");
@@ -453,11 +425,7 @@ async fn redis_stalled_past_the_lease_fires_lost_and_times_out_in_flight_calls()
         "free for others {:?} after the stall ended",
         start.elapsed()
     );
-    assert!(
-        start.elapsed() <= lease + Duration::from_millis(1500),
-        "{:?}",
-        start.elapsed()
-    );
+    assert!(start.elapsed() <= lease * 2, "{:?}", start.elapsed());
     assert_eq!(
         guard.unlock().await,
         Err(Error::NotHeld {
@@ -475,7 +443,7 @@ async fn network_stall_fires_lost_and_frees_the_lock_after_the_lease() {
     let server = RedisServer::start();
     let raw = server.raw().await;
     let proxy = Proxy::start(server.port).await;
-    let lease = Duration::from_secs(1);
+    let lease = RENEWED_LEASE;
     let timeout = Duration::from_millis(300);
     let holder = client_with(&proxy.url(), lease, timeout).await;
     let other = client_with(&server.url(), lease, Duration::from_secs(2)).await;
@@ -483,7 +451,7 @@ async fn network_stall_fires_lost_and_frees_the_lock_after_the_lease() {
     let lock = holder.lock(name);
     let guard = lock.lock().await.unwrap();
     let owner = guard.owner().to_string();
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    tokio::time::sleep(lease).await;
     assert!(!guard.is_lost());
 
     proxy.set(Mode::Stalled);
@@ -522,7 +490,7 @@ async fn network_stall_fires_lost_and_frees_the_lock_after_the_lease() {
         "other client acquired {after:?} after the stall began; lost() was seen {:?} after it",
         lost_at.duration_since(stalled_at)
     );
-    assert!(after <= lease + Duration::from_millis(1500), "{after:?}");
+    assert!(after <= lease * 2, "{after:?}");
     assert!(
         holder_lost,
         "the holder was told before (or as) the other client took over"
@@ -561,14 +529,14 @@ async fn network_stall_fires_lost_and_frees_the_lock_after_the_lease() {
 async fn network_cut_fires_lost_errors_promptly_and_recovers() {
     let server = RedisServer::start();
     let proxy = Proxy::start(server.port).await;
-    let lease = Duration::from_secs(1);
+    let lease = RENEWED_LEASE;
     let timeout = Duration::from_millis(300);
     let holder = client_with(&proxy.url(), lease, timeout).await;
     let other = client_with(&server.url(), lease, Duration::from_secs(2)).await;
     let name = "net-cut";
     let lock = holder.lock(name);
     let guard = lock.lock().await.unwrap();
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    tokio::time::sleep(lease).await;
 
     proxy.set(Mode::Cut);
     let cut_at = Instant::now();
@@ -596,7 +564,7 @@ async fn network_cut_fires_lost_errors_promptly_and_recovers() {
         .unwrap()
         .expect("free for others after the lease");
     assert!(
-        cut_at.elapsed() <= lease + Duration::from_millis(1500),
+        cut_at.elapsed() <= lease * 2,
         "{:?} after the cut, {:?} after trying",
         cut_at.elapsed(),
         start.elapsed()
@@ -645,12 +613,9 @@ fn rss_bytes() -> u64 {
     pages * 4096
 }
 
-/// Child entry point of `cancellation_storms_leave_nothing_behind`: runs the storms in a
-/// process of its own, so its memory figures are not mixed with other tests'.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "child process of cancellation_storms_leave_nothing_behind"]
-async fn child_storms() {
-    let Some(url) = child_arg() else { return };
+/// The child of `cancellation_storms_leave_nothing_behind`: runs the storms in a process of
+/// its own, so its memory figures are not mixed with other tests'.
+async fn child_storms(url: String) {
     let raw = {
         let raw =
             fred::prelude::Builder::from_config(fred::prelude::Config::from_url(&url).unwrap())
@@ -677,12 +642,14 @@ async fn child_storms() {
             tasks.push(tokio::spawn(async move {
                 // Dropped at a random point: before, during or after the acquire round trip,
                 // while parked, or just after a wake-up.
-                if let Ok(Ok(guard)) = tokio::time::timeout(patience, lock.lock()).await {
-                    if fastrand::bool() {
+                match tokio::time::timeout(patience, lock.lock()).await {
+                    Err(_cancelled) => Ok(()),
+                    Ok(Ok(guard)) if fastrand::bool() => {
                         drop(guard);
-                    } else {
-                        let _ = guard.unlock().await;
+                        Ok(())
                     }
+                    Ok(Ok(guard)) => guard.unlock().await.map_err(|e| ("unlock", e)),
+                    Ok(Err(e)) => Err(("lock", e)),
                 }
             }));
         }
@@ -692,7 +659,7 @@ async fn child_storms() {
         for _ in 0..4 {
             tokio::time::sleep(Duration::from_millis(fastrand::u64(2..12))).await;
             if let Some(g) = guard.take() {
-                let _ = g.unlock().await;
+                g.unlock().await.unwrap();
             }
             tokio::time::sleep(Duration::from_millis(fastrand::u64(0..5))).await;
             guard = hold.try_lock_for(Duration::from_millis(50)).await.unwrap();
@@ -701,8 +668,20 @@ async fn child_storms() {
         for task in tasks.iter().filter(|_| fastrand::u8(0..10) == 0) {
             task.abort();
         }
+        // Never a panic (invariant 10); of the errors only a command's deadline passing on a
+        // loaded machine is expected — a dropped future is cancelled, not failed.
+        let mut timeouts = 0;
         for task in tasks {
-            let _ = task.await;
+            match task.await {
+                Ok(Ok(())) => {}
+                Ok(Err((_, Error::Timeout(_)))) => timeouts += 1,
+                Ok(Err((call, e))) => panic!("round {round}: {call} failed: {e:?}"),
+                Err(e) if e.is_cancelled() => {}
+                Err(e) => panic!("round {round}: a storm task panicked: {e}"),
+            }
+        }
+        if timeouts > 0 {
+            println!("round {round}: {timeouts} calls timed out");
         }
         if let Some(g) = guard.take() {
             g.unlock().await.unwrap();
@@ -753,8 +732,16 @@ async fn child_storms() {
 /// Scenario 6: cancellation storms of 1,000 waiting `lock()` futures.
 #[test]
 fn cancellation_storms_leave_nothing_behind() {
+    if let Some(url) = child_arg() {
+        return tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(child_storms(url));
+    }
     let server = RedisServer::start();
-    let mut child = spawn_child("child_storms", &server.url());
+    let mut child = spawn_child("cancellation_storms_leave_nothing_behind", &server.url());
     let stdout = child.0.stdout.take().unwrap();
     let lines: Vec<String> = std::io::BufReader::new(stdout)
         .lines()
@@ -780,66 +767,19 @@ async fn dropped_guard_is_released_and_never_renewed_afterwards() {
     let name = "dropped";
     let guard = client.lock(name).lock().await.unwrap();
     let owner = guard.owner().to_string();
-    let dropped_at = Instant::now();
     drop(guard);
-    // Released, not expired: gone well before the 3 s lease.
     assert!(
-        eventually(lease * 2 / 3, || async {
+        eventually(Duration::from_secs(10), || async {
             raw.exists::<i64, _>(name).await.unwrap() == 0
         })
         .await,
         "released in the background"
     );
-    assert!(
-        dropped_at.elapsed() < lease * 5 / 6,
-        "released, not expired: {:?}",
-        dropped_at.elapsed()
-    );
+    // Released, not expired: Redis counts every key it expired, whenever that was.
+    assert_eq!(expired_keys(&raw).await, 0, "released, not expired");
 
-    assert_never_renewed(&raw, name, &owner, lease).await;
+    support::assert_never_renewed(&raw, name, &owner, lease).await;
     client.shutdown().await.unwrap();
-}
-
-/// Writes a hold of `owner` by hand with a short TTL and checks over two renewal periods
-/// that its PTTL only goes down (nobody renews it) and that no renewal script runs at all.
-async fn assert_never_renewed(
-    raw: &fred::clients::Client,
-    name: &str,
-    owner: &str,
-    lease: Duration,
-) {
-    let _: () = raw.hset(name, (owner, 1)).await.unwrap();
-    let _: () = raw
-        .pexpire(name, 2 * lease.as_millis() as i64, None)
-        .await
-        .unwrap();
-    let calls = command_calls(raw)
-        .await
-        .get("evalsha")
-        .copied()
-        .unwrap_or(0);
-    let mut last = i64::MAX;
-    let until = Instant::now() + lease * 2 / 3 + lease / 3;
-    while Instant::now() < until {
-        let pttl: i64 = raw.pttl(name).await.unwrap();
-        assert!(
-            pttl > 0 && pttl <= last,
-            "PTTL pushed back up: {pttl} after {last}"
-        );
-        last = pttl;
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(
-        last < lease.as_millis() as i64 * 2 - 900,
-        "PTTL went down: {last}"
-    );
-    let after = command_calls(raw)
-        .await
-        .get("evalsha")
-        .copied()
-        .unwrap_or(0);
-    assert_eq!(calls, after, "no script ran after the release");
-    let _: i64 = raw.del(name).await.unwrap();
 }
 
 /// Scenario 7b: client shutdown while holding releases at once; the guard is lost; nothing
@@ -886,7 +826,7 @@ async fn shutdown_while_holding_releases_and_never_renews() {
     assert_eq!(outer.unlock().await, Err(Error::ShutDown));
     drop(fixed);
 
-    assert_never_renewed(&raw, name, &owner, lease).await;
+    support::assert_never_renewed(&raw, name, &owner, lease).await;
     other.shutdown().await.unwrap();
 }
 

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use fred::prelude::*;
 use redbaton::{Client, Error, FencedGuard};
-use support::{command, eventually, numsub, RedisServer};
+use support::{command, eventually, numsub, RedisServer, RENEWED_LEASE};
 use tokio::time::Instant;
 
 async fn client(server: &RedisServer) -> Client {
@@ -156,7 +156,7 @@ async fn a_refused_attempt_never_increments() {
 async fn wire_layout_matches_redisson() {
     let server = RedisServer::start();
     let raw = server.raw().await;
-    let lease = Duration::from_millis(600);
+    let lease = RENEWED_LEASE;
     let a = Client::builder()
         .url(server.url())
         .watchdog_lease(lease)
@@ -176,7 +176,7 @@ async fn wire_layout_matches_redisson() {
     assert!(owner.starts_with(a.id()) && owner[a.id().len()..].starts_with(':'));
     let pttl: i64 = raw.pttl("order:7").await.unwrap();
     assert!(
-        pttl > 0 && pttl <= 600,
+        pttl > 0 && pttl <= lease.as_millis() as i64,
         "the lease is the hash's expiry: {pttl}"
     );
     let token_key = "redisson_lock_token:{order:7}";

@@ -10,18 +10,18 @@ use std::time::Duration;
 
 use fred::prelude::*;
 use redbaton::{Client, Error, MultiLock, RedLock};
-use support::{eventually, RedisServer};
+use support::{eventually, RedisServer, RENEWED_LEASE};
 use tokio::sync::oneshot;
 
 async fn client(server: &RedisServer) -> Client {
     Client::connect(&server.url()).await.unwrap()
 }
 
-/// A client whose watchdog renews every 200 ms, so a lock taken from under it is noticed fast.
+/// A client whose watchdog renews every 667 ms, so a lock taken from under it is noticed soon.
 async fn short_lease_client(server: &RedisServer) -> Client {
     Client::builder()
         .url(server.url())
-        .watchdog_lease(Duration::from_millis(600))
+        .watchdog_lease(RENEWED_LEASE)
         .connect()
         .await
         .unwrap()
@@ -199,7 +199,7 @@ async fn a_force_unlock_cancels_the_closure_with_lease_lost() {
     assert!(!probe.dropped());
     assert!(b.lock("run:lost").force_unlock().await.unwrap());
 
-    // Noticed at the next renewal (every 200 ms); generously bounded.
+    // Noticed at the next renewal (every third of the lease); generously bounded.
     let out = tokio::time::timeout(Duration::from_secs(5), running)
         .await
         .expect("run returns once the lease is lost")

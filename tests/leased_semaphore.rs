@@ -13,7 +13,7 @@ use fred::prelude::*;
 use fred::types::Message;
 use redbaton::{Client, Error, LeasedSemaphore, PermitId};
 use support::proxy::{Mode, Proxy};
-use support::{eventually, numsub, RedisServer};
+use support::{eventually, numsub, RedisServer, RENEWED_LEASE};
 
 /// A recheck timer that never fires within a test: a waiter that gets a permit sooner was
 /// woken by a message (or by a lease it was told about).
@@ -228,16 +228,16 @@ async fn the_watchdog_keeps_a_permit_past_several_leases() {
     watchdog_keeps_a_permit(&server.url(), "renewed").await;
 }
 
-/// Holds one permit of `name` for five watchdog leases and checks, all along, that no other
+/// Holds one permit of `name` for two watchdog leases and checks, all along, that no other
 /// client sees it as free.
 async fn watchdog_keeps_a_permit(url: &str, name: &str) {
-    let holder = lease_client(url, Duration::from_millis(800)).await;
+    let holder = lease_client(url, RENEWED_LEASE).await;
     let other = client(url).await;
     let sem = holder.leased_semaphore(name);
     sem.try_set_permits(1).await.unwrap();
     let permit = sem.acquire().await.unwrap();
     let start = Instant::now();
-    while start.elapsed() < Duration::from_millis(4000) {
+    while start.elapsed() < RENEWED_LEASE * 2 {
         // available_permits reclaims every permit whose lease ended: this one never has.
         let watcher = other.leased_semaphore(name);
         assert_eq!(watcher.available_permits().await.unwrap(), 0);

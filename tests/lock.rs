@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use fred::prelude::*;
 use redbaton::{Client, Error};
-use support::{command_calls, eventually, numsub, RedisServer};
+use support::{command_calls, eventually, numsub, RedisServer, RENEWED_LEASE};
 
 async fn client(server: &RedisServer) -> Client {
     Client::connect(&server.url()).await.unwrap()
@@ -373,21 +373,21 @@ async fn stopped_renewal_lets_the_lease_expire() {
 async fn watchdog_keeps_the_lock_past_several_leases() {
     let server = RedisServer::start();
     let raw = server.raw().await;
-    // Renewed every 333 ms: a loaded machine may delay a round, not a whole lease.
-    let lease = Duration::from_secs(1);
+    let lease = RENEWED_LEASE;
     let a = short_lease_client(&server, lease).await;
     let b = client(&server).await;
     let guard = a.lock("renewed").lock().await.unwrap();
-    tokio::time::sleep(lease * 3).await;
+    // Unrenewed, it would be gone after one lease.
+    tokio::time::sleep(lease * 2).await;
     assert!(!guard.is_lost());
     assert!(b.lock("renewed").try_lock().await.unwrap().is_none());
     let pttl: i64 = raw.pttl("renewed").await.unwrap();
-    assert!(pttl > 0 && pttl <= 1000, "pttl {pttl}");
+    assert!(pttl > 0 && pttl <= lease.as_millis() as i64, "pttl {pttl}");
+    let owner = guard.owner().to_string();
     guard.unlock().await.unwrap();
-    // After release nothing renews it back into existence.
-    tokio::time::sleep(lease).await;
-    let exists: i64 = raw.exists("renewed").await.unwrap();
-    assert_eq!(exists, 0);
+    // After the release the watchdog forgets it: the same field, written back by hand, is
+    // never renewed.
+    support::assert_never_renewed(&raw, "renewed", &owner, lease).await;
     a.shutdown().await.unwrap();
     b.shutdown().await.unwrap();
 }
@@ -395,7 +395,7 @@ async fn watchdog_keeps_the_lock_past_several_leases() {
 #[tokio::test]
 async fn lost_fires_after_force_unlock_by_another_client() {
     let server = RedisServer::start();
-    let lease = Duration::from_millis(600);
+    let lease = RENEWED_LEASE;
     let a = short_lease_client(&server, lease).await;
     let b = client(&server).await;
     let guard = a.lock("forced").lock().await.unwrap();
@@ -405,7 +405,7 @@ async fn lost_fires_after_force_unlock_by_another_client() {
         !b.lock("forced").force_unlock().await.unwrap(),
         "already free"
     );
-    // Told at the next renewal (every lease / 3 = 200 ms); generously bounded, since a
+    // Told at the next renewal (every lease / 3); generously bounded, since a
     // guard that is never told would wait for ever.
     tokio::time::timeout(Duration::from_secs(5), guard.lost())
         .await

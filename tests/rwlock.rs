@@ -21,7 +21,7 @@ use fred::types::Message;
 use parking_lot::Mutex;
 use redbaton::{Client, Error, Guard, PubSubMode, ReadLock, ReadWriteLock, WriteLock};
 use redisson_peer::{timeout_key, RedissonPeer};
-use support::{eventually, numsub, RedisServer};
+use support::{eventually, numsub, RedisServer, RENEWED_LEASE};
 use tokio::sync::{broadcast, Barrier};
 
 async fn client(server: &RedisServer) -> Client {
@@ -926,7 +926,8 @@ async fn dead_readers_and_writers_expire_with_their_lease() {
 async fn force_unlock_clears_only_its_own_mode() {
     let server = RedisServer::start();
     let raw = server.raw().await;
-    let holder = short_lease_client(&server, Duration::from_millis(600)).await;
+    // Renewed often enough that the holders learn of the force-unlock soon.
+    let holder = short_lease_client(&server, RENEWED_LEASE).await;
     let admin = client(&server).await;
     let rw = admin.read_write_lock("force");
 
@@ -1024,7 +1025,8 @@ async fn keys_that_are_not_read_write_locks_are_never_touched() {
 async fn the_watchdog_renews_read_holds_and_their_timeout_keys() {
     let server = RedisServer::start();
     let raw = server.raw().await;
-    let holder = short_lease_client(&server, Duration::from_millis(600)).await;
+    let lease = RENEWED_LEASE;
+    let holder = short_lease_client(&server, lease).await;
     let other = client(&server).await;
     let rw = holder.read_write_lock("renew");
     let r1 = rw.read().lock().await.unwrap();
@@ -1036,15 +1038,16 @@ async fn the_watchdog_renews_read_holds_and_their_timeout_keys() {
         .lock()
         .await
         .unwrap();
-    // Several leases: only renewal keeps them.
-    tokio::time::sleep(Duration::from_millis(2000)).await;
+    // Two leases: only renewal keeps them.
+    tokio::time::sleep(lease * 2).await;
     assert!(!r1.is_lost() && !r2.is_lost() && !w.is_lost());
+    let lease_ms = lease.as_millis() as i64;
     for i in [1, 2] {
         let t = pttl(&raw, &timeout_key("renew", &owner, i)).await;
-        assert!(t > 0 && t <= 600, "timeout key {i}: {t}");
+        assert!(t > 0 && t <= lease_ms, "timeout key {i}: {t}");
     }
     let t = pttl(&raw, "renew").await;
-    assert!(t > 0 && t <= 600, "{t}");
+    assert!(t > 0 && t <= lease_ms, "{t}");
     assert!(other
         .read_write_lock("renew")
         .write()
@@ -1381,19 +1384,15 @@ async fn cluster_one_slot_per_name_and_wakeups_in_both_pubsub_modes() {
     use support::cluster::RedisCluster;
     let cluster = RedisCluster::start(3, 0);
     let slot = |key: &str| fred::util::redis_keyslot(key.as_bytes());
+    let names = ["catalog:1", "{grp}:rw", "catalog:2"];
     for mode in [PubSubMode::Classic, PubSubMode::Sharded] {
-        let connect = || {
-            Client::builder()
-                .url(cluster.url())
-                .pubsub(mode)
-                .watchdog_lease(Duration::from_millis(900))
-                .connect()
-        };
+        let connect = || Client::builder().url(cluster.url()).pubsub(mode).connect();
+        // The default lease: a waiter's timer (the lock's PTTL) is far beyond the bounds
+        // below, so only the message can wake it within them.
         let a = connect().await.unwrap();
         let b = connect().await.unwrap();
-        for name in ["catalog:1", "{grp}:rw", "catalog:2"] {
+        for name in names {
             let what = format!("{mode:?} {name}");
-            // Readers hold (renewed across slots: the renewal touches the timeout keys too).
             let r = a.read_write_lock(name).read().lock().await.unwrap();
             let r2 = r.reenter().await.unwrap();
             let owner = r.owner().to_string();
@@ -1417,8 +1416,8 @@ async fn cluster_one_slot_per_name_and_wakeups_in_both_pubsub_modes() {
                     (g, at)
                 })
             };
+            // Time for the writer to park (sooner, it would find the lock free: no wake-up).
             tokio::time::sleep(Duration::from_millis(1500)).await;
-            assert!(!r.is_lost() && !r2.is_lost(), "{what}: renewed");
             r2.unlock().await.unwrap();
             let released = Instant::now();
             r.unlock().await.unwrap();
@@ -1436,7 +1435,6 @@ async fn cluster_one_slot_per_name_and_wakeups_in_both_pubsub_modes() {
                 .map(|_| spawn_reader(a.read_write_lock(name), barrier.clone()))
                 .collect();
             tokio::time::sleep(Duration::from_millis(1500)).await;
-            assert!(!w.is_lost(), "{what}: writer renewed");
             let released = Instant::now();
             w.unlock().await.unwrap();
             for reader in readers {
@@ -1454,6 +1452,39 @@ async fn cluster_one_slot_per_name_and_wakeups_in_both_pubsub_modes() {
         }
         a.shutdown().await.unwrap();
         b.shutdown().await.unwrap();
+
+        // Renewal across slots: read holds of every name, and their timeout keys, outlive two
+        // short leases (one renewal script per slot).
+        let renewer = Client::builder()
+            .url(cluster.url())
+            .pubsub(mode)
+            .watchdog_lease(RENEWED_LEASE)
+            .connect()
+            .await
+            .unwrap();
+        let mut held = Vec::new();
+        for name in names {
+            let r = renewer.read_write_lock(name).read().lock().await.unwrap();
+            let r2 = r.reenter().await.unwrap();
+            held.push((name, r, r2));
+        }
+        tokio::time::sleep(RENEWED_LEASE * 2).await;
+        for (name, r, r2) in held {
+            let what = format!("{mode:?} {name}");
+            assert!(!r.is_lost() && !r2.is_lost(), "{what}: renewed");
+            let owner = r.owner().to_string();
+            for i in [1, 2] {
+                let n: i64 = renewer
+                    .redis()
+                    .exists(timeout_key(name, &owner, i))
+                    .await
+                    .unwrap();
+                assert_eq!(n, 1, "{what}: timeout key {i} renewed");
+            }
+            r2.unlock().await.unwrap();
+            r.unlock().await.unwrap();
+        }
+        renewer.shutdown().await.unwrap();
     }
 }
 

@@ -17,7 +17,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use fred::prelude::*;
-use history::{check_history, judge_history, Section};
+use history::{check_history, judge_history, watch_lost, Section};
 use parking_lot::Mutex;
 use redbaton::{Client, Error, LockGuard};
 use support::{command, RedisServer};
@@ -34,8 +34,33 @@ fn now() -> Duration {
     EPOCH.get_or_init(Instant::now).elapsed()
 }
 
-/// The critical section: fencing number, then a non-atomic read-sleep-write increment.
-async fn critical_section(client: &Client, name: usize, hold: Duration) -> (Option<i64>, Duration) {
+/// The critical section, run while listening for `guard`'s lost-lease signal: fencing number,
+/// then a non-atomic read-sleep-write increment; recorded in `log`.
+async fn critical_section(
+    client: &Client,
+    guard: &LockGuard,
+    name: usize,
+    hold: Duration,
+    log: &Mutex<Vec<Section>>,
+) {
+    let ((fence, start, end), lost_at) =
+        watch_lost(read_sleep_write(client, name, hold), guard.lost(), now).await;
+    log.lock().push(Section {
+        name,
+        start,
+        end,
+        fence,
+        lost_at,
+    });
+}
+
+/// Fencing number, then a non-atomic read-sleep-write increment; returns the fence and when
+/// the section began and ended.
+async fn read_sleep_write(
+    client: &Client,
+    name: usize,
+    hold: Duration,
+) -> (Option<i64>, Duration, Duration) {
     let start = now();
     let redis = client.redis();
     let fence: i64 = redis.incr(format!("fence:{}", NAMES[name])).await.unwrap();
@@ -46,10 +71,11 @@ async fn critical_section(client: &Client, name: usize, hold: Duration) -> (Opti
         .set(&counter, value.unwrap_or(0) + 1, None, None, false)
         .await
         .unwrap();
-    (Some(fence), start)
+    (Some(fence), start, now())
 }
 
-async fn release(guard: LockGuard, lost: bool) {
+async fn release(guard: LockGuard) {
+    let lost = guard.is_lost();
     match guard.unlock().await {
         Ok(()) => {}
         Err(Error::NotHeld { .. }) if lost => {}
@@ -77,20 +103,11 @@ async fn worker(client: Client, log: Arc<Mutex<Vec<Section>>>, seed: u64) -> usi
                 let inner = outer.reenter().await.unwrap();
                 let owned = lock.with_owner(outer.owner());
                 assert_eq!(owned.hold_count().await.unwrap(), 2);
-                let (fence, start) = critical_section(&client, name, hold).await;
-                let end = now();
+                critical_section(&client, &inner, name, hold, &log).await;
                 let lost = inner.is_lost();
-                release(inner, lost).await;
+                release(inner).await;
                 assert!(lost || owned.is_held_in_scope().await.unwrap());
-                log.lock().push(Section {
-                    name,
-                    start,
-                    end,
-                    fence,
-                    lost,
-                });
-                let lost = outer.is_lost();
-                release(outer, lost).await;
+                release(outer).await;
                 continue;
             }
         };
@@ -98,17 +115,8 @@ async fn worker(client: Client, log: Arc<Mutex<Vec<Section>>>, seed: u64) -> usi
             misses += 1;
             continue;
         };
-        let (fence, start) = critical_section(&client, name, hold).await;
-        let end = now();
-        let lost = guard.is_lost();
-        log.lock().push(Section {
-            name,
-            start,
-            end,
-            fence,
-            lost,
-        });
-        release(guard, lost).await;
+        critical_section(&client, &guard, name, hold, &log).await;
+        release(guard).await;
     }
     misses
 }
@@ -149,50 +157,102 @@ async fn inject_faults(raw: fred::clients::Client, stop: Arc<AtomicBool>) -> Vec
 }
 
 /// The checker is not vacuous: it rejects overlapping sections and out-of-order fences, and
-/// lets a section whose lease was lost overlap.
+/// lets a section whose holder was told its lease was lost overlap after it was told.
 #[test]
 fn the_checker_rejects_bad_histories() {
     let ms = Duration::from_millis;
-    let section = |start: u64, end: u64, fence: i64, lost: bool| Section {
+    // A section from `start` to `end` with fence `fence`, its holder told lost at `told`.
+    let told = |start: u64, end: u64, fence: i64, told: Option<u64>| Section {
         name: 0,
         start: ms(start),
         end: ms(end),
         fence: Some(fence),
-        lost,
+        lost_at: told.map(ms),
     };
-    let good = [section(0, 10, 1, false), section(10, 20, 2, false)];
-    assert_eq!(check_history("x", &good.iter().collect::<Vec<_>>()), Ok(2));
-    let overlap = [section(0, 10, 1, false), section(9, 20, 2, false)];
-    assert!(check_history("x", &overlap.iter().collect::<Vec<_>>()).is_err());
-    let nested = [
-        section(0, 30, 1, false),
-        section(10, 20, 2, false),
-        section(25, 40, 3, false),
-    ];
-    assert!(check_history("x", &nested.iter().collect::<Vec<_>>()).is_err());
-    let fences = [section(0, 10, 2, false), section(10, 20, 1, false)];
-    assert!(check_history("x", &fences.iter().collect::<Vec<_>>()).is_err());
-    let lost = [section(0, 10, 1, true), section(5, 20, 2, false)];
-    assert_eq!(check_history("x", &lost.iter().collect::<Vec<_>>()), Ok(1));
-    // A stalled holder whose lease was lost may take its fence late, inside a newer section.
+    let section = |start: u64, end: u64, fence: i64| told(start, end, fence, None);
+    let check = |sections: &[Section]| check_history("x", &sections.iter().collect::<Vec<_>>());
+    assert_eq!(check(&[section(0, 10, 1), section(10, 20, 2)]), Ok(2));
+    assert!(check(&[section(0, 10, 1), section(9, 20, 2)]).is_err());
+    let nested = [section(0, 30, 1), section(10, 20, 2), section(25, 40, 3)];
+    assert!(check(&nested).is_err());
+    assert!(check(&[section(0, 10, 2), section(10, 20, 1)]).is_err());
+    // Told at 3, before the next holder entered at 5: no overlap.
+    assert_eq!(check(&[told(0, 10, 1, Some(3)), section(5, 20, 2)]), Ok(1));
+    // Told lost as the section ended (or before it began): it claimed nothing beyond.
+    assert_eq!(
+        check(&[told(0, 10, 1, Some(12)), section(10, 20, 2)]),
+        Ok(1)
+    );
+    assert_eq!(
+        check(&[
+            section(0, 10, 1),
+            told(5, 20, 3, Some(4)),
+            section(10, 20, 2)
+        ]),
+        Ok(2)
+    );
+    // A stalled holder told lost may take its fence late, inside a newer section.
     let stale = [
-        section(0, 10, 1, false),
-        section(5, 30, 3, true),
-        section(10, 20, 2, false),
+        section(0, 10, 1),
+        told(5, 30, 3, Some(6)),
+        section(10, 20, 2),
     ];
-    assert_eq!(check_history("x", &stale.iter().collect::<Vec<_>>()), Ok(2));
+    assert!(
+        check(&stale).is_err(),
+        "told at 6: it believed it held at 5"
+    );
+    let stale = [
+        section(0, 10, 1),
+        told(10, 30, 3, Some(10)),
+        section(10, 20, 2),
+    ];
+    assert_eq!(check(&stale), Ok(2));
+    // Told late: the first holder's lease ended, another entered at 20, the first was told
+    // only at 25 — invariant 8's failure, whichever of the two was told.
+    assert!(check(&[told(0, 30, 1, Some(25)), section(20, 40, 2)]).is_err());
+    assert!(check(&[section(0, 30, 1), told(20, 40, 2, Some(25))]).is_err());
+    assert!(check(&[told(0, 30, 1, Some(25)), told(20, 40, 2, Some(22))]).is_err());
+    let late = [told(0, 30, 1, Some(25)), section(20, 40, 2)];
+    let verdict = judge_history("x", &late.iter().collect::<Vec<_>>());
+    assert_eq!(
+        (
+            verdict.checked,
+            verdict.checked_until_told,
+            verdict.overlaps.len()
+        ),
+        (1, 1, 1)
+    );
     // Every violation is counted, not only the first.
     let twice = [
-        section(0, 10, 1, false),
-        section(5, 12, 2, false),
-        section(11, 20, 4, false),
-        section(20, 30, 3, false),
+        section(0, 10, 1),
+        section(5, 12, 2),
+        section(11, 20, 4),
+        section(20, 30, 3),
     ];
     let verdict = judge_history("x", &twice.iter().collect::<Vec<_>>());
     assert_eq!(
         (verdict.overlaps.len(), verdict.fence_disorders.len()),
         (2, 1)
     );
+}
+
+/// The lost-lease signal is timed when it resolves, not when the section ends; a section it
+/// never interrupts is not marked lost; a signal ready as the section ends still marks it.
+#[tokio::test]
+async fn lost_signals_are_timed_when_they_resolve() {
+    let clock = Instant::now();
+    let since = || clock.elapsed();
+    let told = tokio::time::sleep(Duration::from_millis(50));
+    let ((), at) = watch_lost(tokio::time::sleep(Duration::from_secs(1)), told, since).await;
+    let at = at.expect("told during the section");
+    assert!(
+        at >= Duration::from_millis(50) && at < Duration::from_millis(900),
+        "timed when told, not at the end: {at:?}"
+    );
+    let ((), at) = watch_lost(async {}, std::future::pending(), since).await;
+    assert_eq!(at, None);
+    let ((), at) = watch_lost(async {}, async {}, since).await;
+    assert!(at.is_some());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -243,7 +303,7 @@ async fn mutual_exclusion_holds_under_faults() {
 
     // The checker.
     let sections = log.lock().clone();
-    let lost = sections.iter().filter(|s| s.lost).count();
+    let lost = sections.iter().filter(|s| s.lost()).count();
     let mut checked = 0;
     for (n, name) in NAMES.iter().enumerate() {
         let mine: Vec<&Section> = sections.iter().filter(|s| s.name == n).collect();

@@ -17,13 +17,17 @@
 //! server — about one fault a second.
 //!
 //! Every critical section is recorded: start and end on `CLOCK_MONOTONIC` (one clock for all
-//! processes), a fencing number taken inside it (INCR), whether its guard reported the lease
-//! lost, and the outcome of a non-atomic read–sleep–write of a guarded counter, whose write is
+//! processes), a fencing number taken inside it (INCR), when — if at all by its end — its
+//! guard's `lost()` told the holder the lease was lost, and the outcome of a non-atomic read–sleep–write of a guarded counter, whose write is
 //! a compare-and-set on the fence. Once enough sections were checked the workers stop and the
 //! parent merges their histories and checks them with the same checker as
 //! `tests/torture.rs`:
 //!
-//! - sections whose leases were valid throughout never overlap, and their fences increase;
+//! - mutual exclusion, directly: no section begins while another holder still believes it
+//!   holds (until its section ended or its `lost()` resolved, whichever came first), so a
+//!   holder told late — after another entered — fails the run; the fences of the sections
+//!   never told lost increase. The counter checks below cannot see an exclusion failure on
+//!   their own: the fence turns a stale write into a rejection;
 //! - no lost update: the counter holds exactly the accepted writes, and every write the
 //!   workers saw accepted. A write is accepted only while its fence is the newest *issued*
 //!   (not merely the highest written): a holder whose lease was lost may take its fence late,
@@ -38,7 +42,8 @@
 //! stamped with `CLOCK_MONOTONIC`), the fault log and the histories when a run fails.
 //!
 //! It prints a summary and exits with 1 on any violation (2 when it could not run at all).
-//! `--sabotage 1` runs 1 % of the sections without the lock: the checker must then fail.
+//! `--sabotage 1` runs 1 % of the sections without the lock: the checker must then fail (CI
+//! runs it and requires the failure).
 
 use std::path::PathBuf;
 use std::process::ExitCode;

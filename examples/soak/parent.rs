@@ -595,6 +595,8 @@ async fn run(opts: Opts) -> Result<bool, String> {
 struct Report {
     sections: usize,
     checked: u64,
+    /// Sections told lost part-way, checked for overlap up to when they were told.
+    checked_until_told: u64,
     lost: usize,
     overlaps: usize,
     fence_disorders: usize,
@@ -647,7 +649,7 @@ async fn check(
 ) -> Result<Report, String> {
     let mut report = Report {
         sections: records.len(),
-        lost: records.iter().filter(|r| r.lost).count(),
+        lost: records.iter().filter(|r| r.lost()).count(),
         ..Report::default()
     };
     for (n, name) in names.iter().enumerate() {
@@ -659,11 +661,12 @@ async fn check(
                 start: since(epoch, r.start_ns),
                 end: since(epoch, r.end_ns),
                 fence: r.fence,
-                lost: r.lost,
+                lost_at: r.lost_ns.map(|ns| since(epoch, ns)),
             })
             .collect();
         let verdict = judge_history(name, &sections.iter().collect::<Vec<_>>());
         report.checked += verdict.checked as u64;
+        report.checked_until_told += verdict.checked_until_told as u64;
         report.overlaps += verdict.overlaps.len();
         report.fence_disorders += verdict.fence_disorders.len();
         for overlap in verdict.overlaps {
@@ -779,7 +782,7 @@ fn judge_counter(name: &str, mine: &[&Record], state: &CounterState, report: &mu
         .filter_map(|r| r.fence.map(|f| (f, *r)))
         .collect();
     for r in mine {
-        if !r.lost && r.write != WriteOutcome::NotSent {
+        if !r.lost() && r.write != WriteOutcome::NotSent {
             report.valid_writes += 1;
             if r.write == WriteOutcome::Accepted {
                 report.valid_accepted += 1;
@@ -788,12 +791,12 @@ fn judge_counter(name: &str, mine: &[&Record], state: &CounterState, report: &mu
         if r.write != WriteOutcome::Rejected {
             continue;
         }
-        if r.lost {
+        if r.lost() {
             report.stale_rejected_lost += 1;
             continue;
         }
         match by_fence.get(&r.newest) {
-            Some(blocker) if !blocker.lost => {
+            Some(blocker) if !blocker.lost() => {
                 report.rejected_by_valid += 1;
                 report.violations.add(
                     "valid write rejected by another valid holder",
@@ -855,7 +858,8 @@ fn print_summary(s: &Summary) {
         s.opts.calls
     );
     println!(
-        "acquisitions checked   {} (target {}{}); {} sections recorded, {} with the lease lost",
+        "acquisitions checked   {} (target {}{}); {} sections recorded, {} with the lease lost \
+         ({} of them checked until told)",
         r.checked,
         s.opts.acquisitions,
         if s.reached {
@@ -864,7 +868,8 @@ fn print_summary(s: &Summary) {
             ", NOT reached"
         },
         r.sections,
-        r.lost
+        r.lost,
+        r.checked_until_told
     );
     let acquired: Vec<String> = s
         .counters
@@ -1059,7 +1064,7 @@ mod tests {
             start_ns: fence as u64 * 10,
             end_ns: fence as u64 * 10 + 5,
             fence: Some(fence),
-            lost,
+            lost_ns: lost.then_some(fence as u64 * 10 + 1),
             write,
             newest,
             wait_ns: 1,

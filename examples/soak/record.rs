@@ -105,8 +105,9 @@ pub struct Record {
     pub end_ns: u64,
     /// The fencing number; `None` when the INCR got no reply.
     pub fence: Option<i64>,
-    /// The guard reported the lease lost by the end.
-    pub lost: bool,
+    /// `mono_ns` when the holder was told its lease was lost (its guard's `lost()`
+    /// resolved); `None` when it was not told by the end.
+    pub lost_ns: Option<u64>,
     /// The counter write's outcome.
     pub write: WriteOutcome,
     /// The newest fence the counter script saw (0 when it did not reply).
@@ -123,6 +124,13 @@ pub struct Record {
     pub task: usize,
 }
 
+impl Record {
+    /// The holder was told its lease was lost by the end of the section.
+    pub fn lost(&self) -> bool {
+        self.lost_ns.is_some()
+    }
+}
+
 impl fmt::Display for Record {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
@@ -132,7 +140,7 @@ impl fmt::Display for Record {
             self.start_ns,
             self.end_ns,
             self.fence.unwrap_or(-1),
-            u8::from(self.lost),
+            self.lost_ns.map_or(-1, |ns| ns as i64),
             self.write.code(),
             self.newest,
             self.wait_ns,
@@ -160,12 +168,13 @@ impl std::str::FromStr for Record {
             return Err(bad());
         }
         let fence = num(3)?;
+        let lost_ns = num(4)?;
         Ok(Record {
             name,
             start_ns: unsigned(1)?,
             end_ns: unsigned(2)?,
             fence: (fence >= 0).then_some(fence),
-            lost: f[4] == "1",
+            lost_ns: (lost_ns >= 0).then_some(lost_ns as u64),
             write: WriteOutcome::from_code(f[5]).ok_or_else(bad)?,
             newest: num(6)?,
             wait_ns: unsigned(7)?,
@@ -188,7 +197,7 @@ mod tests {
             start_ns: 5,
             end_ns: 9,
             fence: None,
-            lost: true,
+            lost_ns: Some(8),
             write: WriteOutcome::Rejected,
             newest: 44,
             wait_ns: 3,
@@ -197,7 +206,9 @@ mod tests {
             worker: 1,
             task: 7,
         };
-        assert_eq!(r.to_string().parse::<Record>(), Ok(r));
+        assert_eq!(r.to_string().parse::<Record>(), Ok(r.clone()));
+        let told_nothing = Record { lost_ns: None, ..r };
+        assert_eq!(told_nothing.to_string().parse::<Record>(), Ok(told_nothing));
         assert!("1 2 3".parse::<Record>().is_err());
     }
 }

@@ -16,6 +16,7 @@ use fred::types::Value;
 use parking_lot::Mutex;
 use redbaton::{Client, Error, Lock, LockGuard};
 
+use crate::history::watch_lost;
 use crate::record::{counter_key, fence_key, mono_ns, Record, WriteOutcome, CAS_SCRIPT, NAMES};
 
 /// The worker's settings, passed by the parent on the command line.
@@ -436,7 +437,8 @@ async fn task(ctx: Arc<Ctx>, client: Client, proxied: bool, task: usize, seed: u
         if ctx.sabotage > 0.0 && rng.f64() < ctx.sabotage {
             // Self-test: a section that never took the lock, recorded as valid.
             ctx.counters.add("sabotaged sections", 1);
-            run.section(hold, 0, "sabotage", || false).await;
+            run.section(hold, 0, "sabotage", std::future::pending())
+                .await;
             continue;
         }
         let op = Op::pick(&mut rng, &ctx.calls);
@@ -487,8 +489,7 @@ async fn task(ctx: Arc<Ctx>, client: Client, proxied: bool, task: usize, seed: u
                 run.nested(&lock, outer, op, hold, wait_ns, &mut rng).await
             }
             _ => {
-                run.section(hold, wait_ns, op.label(), || outer.is_lost())
-                    .await;
+                run.section(hold, wait_ns, op.label(), outer.lost()).await;
                 run.release(outer).await;
             }
         }
@@ -538,22 +539,54 @@ impl Run<'_> {
             }
         };
         // Valid while either guard says so: the holder may rely on either.
-        self.section(hold, wait_ns, op.label(), || {
-            inner.is_lost() && outer.is_lost()
-        })
-        .await;
+        let both_lost = async {
+            tokio::join!(inner.lost(), outer.lost());
+        };
+        self.section(hold, wait_ns, op.label(), both_lost).await;
         self.release(inner).await;
         if rng.bool() {
             let hold = pick_hold(rng);
             let label = format!("{}+outer", op.label());
-            self.section(hold, 0, &label, || outer.is_lost()).await;
+            self.section(hold, 0, &label, outer.lost()).await;
         }
         self.release(outer).await;
     }
 
-    /// The critical section: fence (INCR), read the counter, sleep `hold`, write it back
-    /// through the compare-and-set; record it all.
-    async fn section(&self, hold: Duration, wait_ns: u64, op: &str, lost: impl Fn() -> bool) {
+    /// The critical section, timed against `lost` (the holder's lost-lease signal): fence
+    /// (INCR), read the counter, sleep `hold`, write it back through the compare-and-set;
+    /// record it all.
+    async fn section(
+        &self,
+        hold: Duration,
+        wait_ns: u64,
+        op: &str,
+        lost: impl std::future::Future<Output = ()>,
+    ) {
+        let ((fence, write, newest, start_ns, end_ns), lost_ns) =
+            watch_lost(self.fenced_write(hold), lost, mono_ns).await;
+        if lost_ns.is_none() {
+            self.ctx.valid_sections.fetch_add(1, Ordering::Relaxed);
+        }
+        self.ctx.history.lock().push(Record {
+            name: self.name,
+            start_ns,
+            end_ns,
+            fence,
+            lost_ns,
+            write,
+            newest,
+            wait_ns,
+            op: op.to_owned(),
+            proxied: self.proxied,
+            worker: self.ctx.id,
+            task: self.task,
+        });
+    }
+
+    /// Fence (INCR), read the counter, sleep `hold`, write it back through the
+    /// compare-and-set. Returns the fence, the write's outcome, the newest fence the write
+    /// saw, and when the section began and ended.
+    async fn fenced_write(&self, hold: Duration) -> (Option<i64>, WriteOutcome, i64, u64, u64) {
         let redis = self.ctx.ledger.as_ref().unwrap_or(self.client.redis());
         let name = NAMES[self.name];
         let start_ns = mono_ns();
@@ -610,26 +643,7 @@ impl Run<'_> {
             }
             _ => WriteOutcome::NotSent,
         };
-        let end_ns = mono_ns();
-        // Asked after the end was taken: "not lost" then covers the whole section.
-        let lost = lost();
-        if !lost {
-            self.ctx.valid_sections.fetch_add(1, Ordering::Relaxed);
-        }
-        self.ctx.history.lock().push(Record {
-            name: self.name,
-            start_ns,
-            end_ns,
-            fence,
-            lost,
-            write,
-            newest,
-            wait_ns,
-            op: op.to_owned(),
-            proxied: self.proxied,
-            worker: self.ctx.id,
-            task: self.task,
-        });
+        (fence, write, newest, start_ns, mono_ns())
     }
 
     /// A fresh acquire (this task held nothing on the name) must count exactly one hold: a

@@ -68,7 +68,7 @@ use fred::types::CustomCommand;
 use redbaton::{Client, Error, Result};
 use tokio::time::Instant;
 
-use crate::support::{command_calls, eventually, RedisServer};
+use crate::support::{command_calls, eventually, script_calls, RedisServer, RENEWED_LEASE};
 
 /// A boxed future: the erased handles return these.
 pub type Fut<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -410,13 +410,6 @@ async fn leased(url: String, lease: Duration) -> Client {
         .connect()
         .await
         .unwrap()
-}
-
-/// Script calls the server has run so far (`EVALSHA` and `EVAL`): every acquire attempt,
-/// release and renewal is one.
-pub async fn script_calls(raw: &fred::clients::Client) -> u64 {
-    let calls = command_calls(raw).await;
-    calls.get("evalsha").copied().unwrap_or(0) + calls.get("eval").copied().unwrap_or(0)
 }
 
 /// Waits until no script has run for 400 ms (waiters made their attempts and parked) and
@@ -1103,19 +1096,20 @@ pub async fn fixed_lease_ends_and_the_guard_knows<K: Family>() {
     b.shutdown().await.unwrap();
 }
 
-/// Invariants 7 and 8 with the watchdog: a hold outlives four watchdog leases (600 ms) with
-/// its guard not lost, the rival excluded and the key's expiry within one lease; after the
-/// unlock nothing keeps it.
+/// Invariants 7 and 8 with the watchdog: a hold outlives two watchdog leases with its guard
+/// not lost, the rival excluded and the key's expiry within one lease; after the unlock
+/// nothing keeps it.
 pub async fn watchdog_renews<K: Family>() {
     let server = RedisServer::start();
     let raw = server.raw().await;
-    let lease = Duration::from_millis(600);
+    let lease = RENEWED_LEASE;
     let a = leased(server.url(), lease).await;
     let b = client(&server).await;
     let kind = K::KIND;
     let lock = K::make(&a, NAME);
     let held = lock.lock().await.unwrap();
-    tokio::time::sleep(lease * 4).await;
+    // Unrenewed, the key would be gone after one lease.
+    tokio::time::sleep(lease * 2).await;
     assert!(!held.is_lost(), "{kind}: lost although renewed");
     let rival = K::rival(&b, NAME);
     assert!(
@@ -1124,7 +1118,7 @@ pub async fn watchdog_renews<K: Family>() {
     );
     let pttl: i64 = raw.pttl(&lock.key()).await.unwrap();
     assert!(
-        pttl > 0 && pttl <= 600,
+        pttl > 0 && pttl <= lease.as_millis() as i64,
         "{kind}: the key expires within one lease: pttl {pttl}"
     );
     held.unlock().await.unwrap();
@@ -1142,7 +1136,7 @@ pub async fn watchdog_renews<K: Family>() {
 pub async fn lost_fires<K: Family>() {
     let server = RedisServer::start();
     let raw = server.raw().await;
-    let lease = Duration::from_millis(600);
+    let lease = RENEWED_LEASE;
     let a = leased(server.url(), lease).await;
     let b = client(&server).await;
     let kind = K::KIND;
@@ -1157,7 +1151,9 @@ pub async fn lost_fires<K: Family>() {
         K::make(&b, NAME).force_unlock().await.unwrap(),
         "{kind}: force_unlock found the hold"
     );
-    tokio::time::timeout(Duration::from_secs(3), held.lost())
+    // The next renewal (every third of the lease) finds it gone; at the latest the lease
+    // runs out by the local clock.
+    tokio::time::timeout(lease * 2, held.lost())
         .await
         .unwrap_or_else(|_| panic!("{kind}: lost() after force_unlock"));
     assert!(held.is_lost());
@@ -1178,7 +1174,7 @@ pub async fn lost_fires<K: Family>() {
 
     // Deleted underneath: the watchdog's renewal finds it gone.
     let _: i64 = raw.del(&lock.key()).await.unwrap();
-    tokio::time::timeout(Duration::from_secs(3), again.lost())
+    tokio::time::timeout(lease * 2, again.lost())
         .await
         .unwrap_or_else(|_| panic!("{kind}: lost() after the key was deleted"));
     assert!(matches!(again.unlock().await, Err(Error::NotHeld { .. })));

@@ -2,17 +2,23 @@
 //! (`examples/soak`, which includes this file with `#[path]`).
 //!
 //! A history is every critical section run under a lock name: when it began and ended on one
-//! monotonic clock, the fencing number taken inside it (INCR on a side key), and whether its
-//! guard reported the lease lost by the end. Two claims are checked:
+//! monotonic clock, the fencing number taken inside it (INCR on a side key), and when — if at
+//! all before its end — its holder was told the lease was lost (the guard's `lost()`
+//! resolved). Two claims are checked:
 //!
-//! - sections whose leases were valid throughout never overlap in time;
-//! - the fencing numbers of those sections follow their order.
-//!
-//! A section whose lease was lost proves nothing (its holder was told), so it takes part in
-//! neither check: a stalled holder's late INCR may well land inside a newer holder's section.
+//! - no two holders overlap while both believe they hold: a section counts from its start
+//!   until it ended or its holder was told, whichever came first. A holder told late — its
+//!   lease ended in Redis, another holder entered, and only then did `lost()` resolve — is
+//!   invariant 8's failure, and shows up here as an overlap;
+//! - the fencing numbers of the sections never told lost follow their order. A section told
+//!   lost takes no part in this one: a stalled holder's late INCR may well land inside a newer
+//!   holder's section, after it was told.
 #![allow(dead_code)]
 
+use std::future::Future;
 use std::time::Duration;
+
+use futures::FutureExt;
 
 /// One critical section.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -26,18 +32,35 @@ pub struct Section {
     pub end: Duration,
     /// The fencing number taken inside the section; `None` when its INCR got no reply.
     pub fence: Option<i64>,
-    /// The guard reported its lease lost by the end of the section.
-    pub lost: bool,
+    /// When the holder was told its lease was lost, on the same clock; `None` when it was not
+    /// told by the end of the section.
+    pub lost_at: Option<Duration>,
+}
+
+impl Section {
+    /// The holder was told its lease was lost, during the section or as it ended.
+    pub fn lost(&self) -> bool {
+        self.lost_at.is_some()
+    }
+
+    /// Until when the holder believed it held: the end, or when it was told, if earlier.
+    fn believed_until(&self) -> Duration {
+        self.lost_at.map_or(self.end, |told| told.min(self.end))
+    }
 }
 
 /// What checking one name's history found.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Verdict {
-    /// Sections whose leases were valid throughout: the ones checked for overlap.
+    /// Sections never told lost: checked for overlap over their whole length, and for fence
+    /// order.
     pub checked: usize,
-    /// One line per valid section that began before an earlier valid section ended.
+    /// Sections told lost part-way: checked for overlap up to when they were told.
+    pub checked_until_told: usize,
+    /// One line per section that began while another holder still believed it held.
     pub overlaps: Vec<String>,
-    /// One line per pair of consecutive valid sections whose fences are out of order.
+    /// One line per pair of consecutive sections (never told lost) whose fences are out of
+    /// order.
     pub fence_disorders: Vec<String>,
 }
 
@@ -50,35 +73,52 @@ impl Verdict {
 
 /// Checks one name's history and reports every violation found.
 pub fn judge_history(name: &str, sections: &[&Section]) -> Verdict {
-    let mut valid: Vec<&Section> = sections.iter().copied().filter(|s| !s.lost).collect();
-    valid.sort_by_key(|s| (s.start, s.end));
+    // Every stretch a holder believed it held; empty ones (told before the section began)
+    // claim nothing.
+    let mut believed: Vec<&Section> = sections
+        .iter()
+        .copied()
+        .filter(|s| s.believed_until() > s.start)
+        .collect();
+    believed.sort_by_key(|s| (s.start, s.believed_until()));
     let mut verdict = Verdict {
-        checked: valid.len(),
+        checked: sections.iter().filter(|s| !s.lost()).count(),
+        checked_until_told: believed.iter().filter(|s| s.lost()).count(),
         ..Verdict::default()
     };
-    // The latest end of the valid sections so far, and the section it belongs to.
+    // The latest believed end of the stretches so far, and the section it belongs to.
     let mut last: Option<&Section> = None;
-    for s in &valid {
+    for s in &believed {
         if let Some(prev) = last {
-            if s.start < prev.end {
+            if s.start < prev.believed_until() {
+                let told = |s: &Section| match s.lost_at {
+                    Some(at) => format!(", told lost at +{at:?}"),
+                    None => String::new(),
+                };
                 verdict.overlaps.push(format!(
-                    "{name}: a section (fence {:?}) began {:?} before the previous one (fence {:?}) ended, at +{:?}",
+                    "{name}: a section (fence {:?}{}) began at +{:?}, {:?} before the previous \
+                     holder (fence {:?}, +{:?} to +{:?}{}) stopped believing it held",
                     s.fence,
-                    prev.end - s.start,
+                    told(s),
+                    s.start,
+                    prev.believed_until() - s.start,
                     prev.fence,
-                    s.start
+                    prev.start,
+                    prev.end,
+                    told(prev),
                 ));
             }
         }
-        if last.is_none_or(|prev| s.end > prev.end) {
+        if last.is_none_or(|prev| s.believed_until() > prev.believed_until()) {
             last = Some(s);
         }
     }
-    let fenced: Vec<&Section> = valid
+    let mut fenced: Vec<&Section> = sections
         .iter()
         .copied()
-        .filter(|s| s.fence.is_some())
+        .filter(|s| !s.lost() && s.fence.is_some())
         .collect();
+    fenced.sort_by_key(|s| (s.start, s.end));
     for pair in fenced.windows(2) {
         if pair[0].fence >= pair[1].fence {
             verdict.fence_disorders.push(format!(
@@ -90,9 +130,9 @@ pub fn judge_history(name: &str, sections: &[&Section]) -> Verdict {
     verdict
 }
 
-/// Checks one name's history: sections whose leases were valid throughout never overlap,
-/// and the fencing numbers taken inside them follow their order. Returns how many sections
-/// were checked for overlap, or the first violation.
+/// Checks one name's history: no two holders overlap while both believe they hold, and the
+/// fencing numbers of the sections never told lost follow their order. Returns how many
+/// sections were checked over their whole length, or the first violation.
 pub fn check_history(name: &str, sections: &[&Section]) -> Result<usize, String> {
     let verdict = judge_history(name, sections);
     match verdict
@@ -104,4 +144,32 @@ pub fn check_history(name: &str, sections: &[&Section]) -> Result<usize, String>
         Some(violation) => Err(violation),
         None => Ok(verdict.checked),
     }
+}
+
+/// Runs a critical section while listening for its holder's lost-lease signal, and returns
+/// the section's output with when (`clock()`) the signal came, if it came by the end.
+///
+/// The signal is polled before the section at every wake-up, so it is timed when it
+/// resolves, not when the section happens to end; once more after the section, so a signal
+/// that raced the section's last step still marks the section lost (timed at its end: the
+/// holder believed it held throughout).
+pub async fn watch_lost<T, C>(
+    section: impl Future<Output = T>,
+    lost: impl Future<Output = ()>,
+    clock: impl Fn() -> C,
+) -> (T, Option<C>) {
+    let mut section = std::pin::pin!(section);
+    let mut lost = std::pin::pin!(lost.fuse());
+    let mut lost_at = None;
+    let output = loop {
+        tokio::select! {
+            biased;
+            () = &mut lost, if lost_at.is_none() => lost_at = Some(clock()),
+            output = &mut section => break output,
+        }
+    };
+    if lost_at.is_none() && lost.now_or_never().is_some() {
+        lost_at = Some(clock());
+    }
+    (output, lost_at)
 }

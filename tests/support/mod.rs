@@ -17,6 +17,11 @@ pub struct RedisServer {
     extra: Vec<String>,
 }
 
+/// A watchdog lease for tests whose holds must be renewed several times: short enough to
+/// outlive twice in a test, long enough (renewed every 667 ms) that a renewal a loaded machine
+/// delays by a second does not lose the hold.
+pub const RENEWED_LEASE: Duration = Duration::from_secs(2);
+
 /// A free TCP port on 127.0.0.1 (bound and released; the server binds it next).
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -163,6 +168,72 @@ pub async fn command_calls(raw: &fred::clients::Client) -> std::collections::Has
         .collect()
 }
 
+/// Script calls the server has run so far (`EVALSHA` and `EVAL`): every acquire attempt,
+/// release and renewal is one.
+pub async fn script_calls(raw: &fred::clients::Client) -> u64 {
+    let calls = command_calls(raw).await;
+    ["evalsha", "eval"]
+        .iter()
+        .map(|c| calls.get(*c).copied().unwrap_or(0))
+        .sum()
+}
+
+/// Commands the server has run so far that could renew a hold: scripts and expiry commands
+/// (`INFO commandstats` counts those run inside scripts too).
+async fn renewing_calls(raw: &fred::clients::Client) -> u64 {
+    let calls = command_calls(raw).await;
+    [
+        "evalsha",
+        "eval",
+        "fcall",
+        "pexpire",
+        "expire",
+        "pexpireat",
+        "expireat",
+    ]
+    .iter()
+    .map(|c| calls.get(*c).copied().unwrap_or(0))
+    .sum()
+}
+
+/// Writes a hold of `owner` on `name` by hand, as if it were still held, and checks over a
+/// whole `lease` (three renewal periods) that nobody renews it: the server runs no script and
+/// sets no expiry, and the PTTL only goes down. (A renewal never shortens an expiry, so the
+/// PTTL alone would not show one.) The TTL written is ten leases, so a loaded machine's slow
+/// reads cannot let the key expire under the check.
+pub async fn assert_never_renewed(
+    raw: &fred::clients::Client,
+    name: &str,
+    owner: &str,
+    lease: Duration,
+) {
+    let ttl_ms = 10 * lease.as_millis() as i64;
+    let _: () = raw.hset(name, (owner, 1)).await.unwrap();
+    let _: () = raw.pexpire(name, ttl_ms, None).await.unwrap();
+    let calls = renewing_calls(raw).await;
+    let mut last = i64::MAX;
+    let until = Instant::now() + lease;
+    loop {
+        let done = Instant::now() >= until;
+        let pttl: i64 = raw.pttl(name).await.unwrap();
+        assert!(
+            pttl > 0 && pttl <= last,
+            "PTTL {pttl} ms after {last} ms (written as {ttl_ms} ms)"
+        );
+        last = pttl;
+        if done {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        calls,
+        renewing_calls(raw).await,
+        "no script ran and no expiry was set"
+    );
+    let _: i64 = raw.del(name).await.unwrap();
+}
+
 /// Subscribers of `channel` across all clients (`PUBSUB NUMSUB`).
 pub async fn numsub(raw: &fred::clients::Client, channel: &str) -> i64 {
     let reply: Vec<Value> = raw
@@ -257,6 +328,7 @@ pub async fn still_held(
     held
 }
 
+pub mod child;
 pub mod cluster;
 pub mod proxy;
 pub mod sentinel;
