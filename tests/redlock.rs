@@ -289,7 +289,7 @@ async fn redlock_is_reentrant_and_excludes_other_tasks() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_restarted_empty_during_a_hold() {
     let mut servers = five();
-    let lease = Duration::from_millis(1500); // renewed every 500 ms
+    let lease = support::RENEWED_LEASE;
     let a = clients(&servers, lease).await;
     let b = clients(&servers, lease).await;
     servers[3].kill();
@@ -327,7 +327,7 @@ async fn node_restarted_empty_during_a_hold() {
         .expect("A's guard reports lost")
         .unwrap();
     eprintln!("A was told {told:?} after node 2 restarted empty");
-    // About one renewal period (lease / 3 = 500 ms); generously bounded by two leases (a
+    // About one renewal period (lease / 3); generously bounded by two leases (a
     // guard never told would never resolve).
     assert!(told <= lease * 2, "{told:?}");
     assert!(!b_guard.is_lost());
@@ -357,11 +357,12 @@ async fn gets_in(lock: &Lock) -> bool {
 async fn multilock_is_all_or_nothing_across_clients() {
     let s1 = RedisServer::start();
     let s2 = RedisServer::start();
-    // A short watchdog lease (renewed every 500 ms) so a lost part is noticed quickly.
+    // A short watchdog lease so a lost part is noticed quickly, long enough that a renewal a
+    // loaded machine delays does not lose a part.
     let short = |url: String| {
         Client::builder()
             .url(url)
-            .watchdog_lease(Duration::from_millis(1500))
+            .watchdog_lease(support::RENEWED_LEASE)
             .connect()
     };
     let c1 = short(s1.url()).await.unwrap();
