@@ -68,9 +68,9 @@ fn all_scripts() -> Vec<&'static crate::conn::LuaScript> {
         fenced::SCRIPTS,
         fair::SCRIPTS,
         rwlock::SCRIPTS,
-        crate::state::SCRIPTS,
-        crate::semaphore::SCRIPTS,
-        crate::leased_semaphore::SCRIPTS,
+        crate::kinds::state::SCRIPTS,
+        crate::kinds::semaphore::SCRIPTS,
+        crate::kinds::leased_semaphore::SCRIPTS,
     ]
     .concat()
 }

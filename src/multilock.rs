@@ -7,7 +7,7 @@ use std::time::Duration;
 use futures::stream::{FuturesUnordered, StreamExt};
 use tokio::time::Instant;
 
-use crate::guard::{release_after, until_lost};
+use crate::acquire::guard::{release_after, until_lost};
 use crate::{Error, Lock, LockGuard, Result};
 
 /// Several [`Lock`]s taken all-or-nothing and released together.

@@ -19,8 +19,11 @@ use crate::{Error, Result};
 
 pub(crate) mod fair;
 pub(crate) mod fenced;
+pub(crate) mod leased_semaphore;
 pub(crate) mod reentrant;
 pub(crate) mod rwlock;
+pub(crate) mod semaphore;
+pub(crate) mod state;
 
 /// The longest lock name accepted.
 pub const MAX_NAME_LEN: usize = 64 * 1024;
