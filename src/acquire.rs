@@ -26,12 +26,12 @@ use futures::TryFutureExt;
 use tokio::time::{Instant, Sleep};
 
 use crate::baton::{Baton, Ticket};
-use crate::client::ClientInner;
 use crate::conn::{Call, Conn, Failed};
 use crate::holds::{HoldOps, Lease, Loss, Turn, Waiting};
 use crate::hub::Wake;
-use crate::kinds::{Kind, Reply};
+use crate::kind::{Kind, Reply};
 use crate::metrics;
+use crate::shared::ClientInner;
 use crate::{Error, Result};
 use guard::Guard;
 

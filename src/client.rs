@@ -14,6 +14,7 @@ use crate::holds::{Holds, Loss};
 use crate::hub::Hub;
 use crate::kinds::{fair, fenced, reentrant, rwlock};
 use crate::metrics::ClientMetrics;
+use crate::shared::ClientInner;
 use crate::watchdog::Watchdog;
 use crate::{Error, Lock, Result};
 
@@ -30,35 +31,6 @@ use crate::{Error, Lock, Result};
 #[derive(Clone)]
 pub struct Client {
     inner: Arc<ClientInner>,
-}
-
-pub(crate) struct ClientInner {
-    pub(crate) id: Arc<str>,
-    pub(crate) conn: Arc<Conn>,
-    pub(crate) hub: Arc<Hub>,
-    pub(crate) holds: Arc<Holds>,
-    watchdog: Arc<Watchdog>,
-    pub(crate) config: Config,
-    /// The server refused the baton pass script (an ACL without `PUBSUB NUMSUB`): this
-    /// client releases the ordinary way from then on.
-    pub(crate) passes_refused: std::sync::atomic::AtomicBool,
-    /// Where the owner numbers of acquisitions outside a hold's scope come from.
-    pub(crate) owners: crate::scope::OwnerNumbers,
-}
-
-impl Drop for ClientInner {
-    fn drop(&mut self) {
-        // Dropped without shutdown(): stop the background tasks and connections.
-        self.watchdog.stop();
-        if self.conn.close() {
-            let conn = self.conn.clone();
-            let hub = self.hub.clone();
-            self.conn.runtime().spawn(async move {
-                hub.shutdown().await;
-                let _ = conn.redis().quit().await;
-            });
-        }
-    }
 }
 
 /// Every script of every kind, loaded at connect.

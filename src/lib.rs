@@ -195,6 +195,7 @@ mod conn;
 mod error;
 mod holds;
 mod hub;
+mod kind;
 mod kinds;
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
@@ -205,6 +206,7 @@ mod multilock;
 mod owner;
 mod redlock;
 mod scope;
+mod shared;
 mod watchdog;
 
 /// The Redis client crate redbaton is built on, fred 10: [`Client::redis`] returns its client,
@@ -219,6 +221,7 @@ pub use config::{
     DEFAULT_FAIR_LOCK_WAIT, DEFAULT_WATCHDOG_LEASE, MAX_LEASE, MIN_WATCHDOG_LEASE,
 };
 pub use error::{Error, Result};
+pub use kind::MAX_NAME_LEN;
 pub use kinds::fair::{FairGuard, FairLock};
 pub use kinds::fenced::{FencedGuard, FencedLock};
 pub use kinds::leased_semaphore::{LeasedPermit, LeasedSemaphore, PermitId};
@@ -227,7 +230,6 @@ pub use kinds::rwlock::{ReadGuard, ReadLock, ReadWriteLock, WriteGuard, WriteLoc
 pub use kinds::semaphore::{
     Semaphore, DEFAULT_RECHECK_INTERVAL, MAX_PERMITS, MAX_RECHECK_INTERVAL,
 };
-pub use kinds::MAX_NAME_LEN;
 
 /// A hold of a [`Lock`].
 pub type LockGuard = Guard<Lock>;

@@ -247,7 +247,7 @@ struct Place<'a> {
 
 impl<'a> Place<'a> {
     fn of(lock: &'a Lock) -> Place<'a> {
-        use crate::kinds::Kind;
+        use crate::kind::Kind;
         use fred::interfaces::ClientLike;
         use fred::types::config::{Server, ServerConfig};
         let named = lock.named();
