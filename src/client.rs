@@ -12,7 +12,7 @@ use crate::config::{redact_url, Builder, Config};
 use crate::conn::Conn;
 use crate::holds::{Holds, Loss};
 use crate::hub::Hub;
-use crate::kinds::{fair, fenced, reentrant, rwlock};
+use crate::kinds;
 use crate::metrics::ClientMetrics;
 use crate::shared::ClientInner;
 use crate::watchdog::Watchdog;
@@ -31,20 +31,6 @@ use crate::{Error, Lock, Result};
 #[derive(Clone)]
 pub struct Client {
     inner: Arc<ClientInner>,
-}
-
-/// Every script of every kind, loaded at connect.
-fn all_scripts() -> Vec<&'static crate::conn::LuaScript> {
-    [
-        reentrant::SCRIPTS,
-        fenced::SCRIPTS,
-        fair::SCRIPTS,
-        rwlock::SCRIPTS,
-        crate::kinds::state::SCRIPTS,
-        crate::kinds::semaphore::SCRIPTS,
-        crate::kinds::leased_semaphore::SCRIPTS,
-    ]
-    .concat()
 }
 
 /// URL schemes fred understands; anything else is refused before any lookup happens.
@@ -242,7 +228,7 @@ impl Client {
             config.replica_sync,
         )
         .await;
-        if let Err(e) = conn.load(&all_scripts()).await {
+        if let Err(e) = conn.load(&kinds::scripts()).await {
             let _ = conn.redis().quit().await;
             return Err(connect_error(e));
         }
@@ -415,6 +401,15 @@ impl Client {
     /// The default watchdog lease of this client.
     pub fn watchdog_lease(&self) -> Duration {
         self.inner.holds.watchdog_lease()
+    }
+}
+
+// Here rather than in config.rs, which the connection below the client depends on: settings
+// know nothing of the client they make.
+impl Builder {
+    /// Connects with these settings.
+    pub async fn connect(self) -> Result<Client> {
+        Client::connect_with(self.config).await
     }
 }
 

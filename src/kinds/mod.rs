@@ -11,6 +11,7 @@ use std::time::Duration;
 use fred::types::Value;
 
 use crate::config::MAX_LEASE;
+use crate::conn::LuaScript;
 use crate::{Error, Result};
 // The kinds take the engine's vocabulary from here with the rest of what they share.
 pub(crate) use crate::kind::{prefix_name, Kind, Named, Reply};
@@ -22,6 +23,21 @@ pub(crate) mod reentrant;
 pub(crate) mod rwlock;
 pub(crate) mod semaphore;
 pub(crate) mod state;
+
+/// Every script of every kind, loaded at connect: the family's list, so the client that loads
+/// them need not know which kind has which.
+pub(crate) fn scripts() -> Vec<&'static LuaScript> {
+    [
+        reentrant::SCRIPTS,
+        fenced::SCRIPTS,
+        fair::SCRIPTS,
+        rwlock::SCRIPTS,
+        state::SCRIPTS,
+        semaphore::SCRIPTS,
+        leased_semaphore::SCRIPTS,
+    ]
+    .concat()
+}
 
 /// Reads the `{1, count}` / `{0, pttl}` reply shared by the hash-based acquire scripts;
 /// `extra` reads what follows an acquired reply's count.
