@@ -26,14 +26,16 @@ use futures::TryFutureExt;
 use tokio::time::{Instant, Sleep};
 
 use crate::baton::{Baton, Ticket};
-use crate::client::ClientInner;
 use crate::conn::{Call, Conn, Failed};
-use crate::guard::Guard;
 use crate::holds::{HoldOps, Lease, Loss, Turn, Waiting};
 use crate::hub::Wake;
-use crate::kinds::{Kind, Reply};
+use crate::kind::{Kind, Reply};
 use crate::metrics;
+use crate::shared::ClientInner;
 use crate::{Error, Result};
+use guard::Guard;
+
+pub(crate) mod guard;
 
 /// How long a parked waiter pauses before retrying after a connection error or timeout.
 const RETRY_AFTER_ERROR_MS: u64 = 200;

@@ -12,8 +12,9 @@ use crate::config::{redact_url, Builder, Config};
 use crate::conn::Conn;
 use crate::holds::{Holds, Loss};
 use crate::hub::Hub;
-use crate::kinds::{fair, fenced, reentrant, rwlock};
+use crate::kinds;
 use crate::metrics::ClientMetrics;
+use crate::shared::ClientInner;
 use crate::watchdog::Watchdog;
 use crate::{Error, Lock, Result};
 
@@ -30,49 +31,6 @@ use crate::{Error, Lock, Result};
 #[derive(Clone)]
 pub struct Client {
     inner: Arc<ClientInner>,
-}
-
-pub(crate) struct ClientInner {
-    pub(crate) id: Arc<str>,
-    pub(crate) conn: Arc<Conn>,
-    pub(crate) hub: Arc<Hub>,
-    pub(crate) holds: Arc<Holds>,
-    watchdog: Arc<Watchdog>,
-    pub(crate) config: Config,
-    /// The server refused the baton pass script (an ACL without `PUBSUB NUMSUB`): this
-    /// client releases the ordinary way from then on.
-    pub(crate) passes_refused: std::sync::atomic::AtomicBool,
-    /// Where the owner numbers of acquisitions outside a hold's scope come from.
-    pub(crate) owners: crate::scope::OwnerNumbers,
-}
-
-impl Drop for ClientInner {
-    fn drop(&mut self) {
-        // Dropped without shutdown(): stop the background tasks and connections.
-        self.watchdog.stop();
-        if self.conn.close() {
-            let conn = self.conn.clone();
-            let hub = self.hub.clone();
-            self.conn.runtime().spawn(async move {
-                hub.shutdown().await;
-                let _ = conn.redis().quit().await;
-            });
-        }
-    }
-}
-
-/// Every script of every kind, loaded at connect.
-fn all_scripts() -> Vec<&'static crate::conn::LuaScript> {
-    [
-        reentrant::SCRIPTS,
-        fenced::SCRIPTS,
-        fair::SCRIPTS,
-        rwlock::SCRIPTS,
-        crate::state::SCRIPTS,
-        crate::semaphore::SCRIPTS,
-        crate::leased_semaphore::SCRIPTS,
-    ]
-    .concat()
 }
 
 /// URL schemes fred understands; anything else is refused before any lookup happens.
@@ -270,7 +228,7 @@ impl Client {
             config.replica_sync,
         )
         .await;
-        if let Err(e) = conn.load(&all_scripts()).await {
+        if let Err(e) = conn.load(&kinds::scripts()).await {
             let _ = conn.redis().quit().await;
             return Err(connect_error(e));
         }
@@ -443,6 +401,15 @@ impl Client {
     /// The default watchdog lease of this client.
     pub fn watchdog_lease(&self) -> Duration {
         self.inner.holds.watchdog_lease()
+    }
+}
+
+// Here rather than in config.rs, which the connection below the client depends on: settings
+// know nothing of the client they make.
+impl Builder {
+    /// Connects with these settings.
+    pub async fn connect(self) -> Result<Client> {
+        Client::connect_with(self.config).await
     }
 }
 

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::{Client, Error, Result};
+use crate::{Error, Result};
 
 /// The default watchdog lease, as in Redisson (`lockWatchdogTimeout`).
 pub const DEFAULT_WATCHDOG_LEASE: Duration = Duration::from_secs(30);
@@ -85,7 +85,7 @@ pub enum ReplicaSync {
 /// How long [`ReplicaSync::Auto`] waits for a replica's acknowledgement.
 pub const AUTO_REPLICA_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// Everything a [`Client`] needs: where Redis is and how locks behave.
+/// Everything a [`Client`](crate::Client) needs: where Redis is and how locks behave.
 ///
 /// ```
 /// use std::time::Duration;
@@ -285,7 +285,8 @@ pub(crate) fn redact_url(url: &str) -> String {
     }
 }
 
-/// Builds a [`Client`] step by step; see [`Client::builder`].
+/// Builds a [`Client`](crate::Client) step by step; see
+/// [`Client::builder`](crate::Client::builder).
 ///
 /// ```no_run
 /// # async fn run() -> redbaton::Result<()> {
@@ -300,7 +301,7 @@ pub(crate) fn redact_url(url: &str) -> String {
 /// ```
 #[derive(Clone, Debug, Default)]
 pub struct Builder {
-    config: Config,
+    pub(crate) config: Config,
 }
 
 impl Builder {
@@ -389,11 +390,6 @@ impl Builder {
     /// The settings collected so far.
     pub fn config(&self) -> &Config {
         &self.config
-    }
-
-    /// Connects with these settings.
-    pub async fn connect(self) -> Result<Client> {
-        Client::connect_with(self.config).await
     }
 }
 

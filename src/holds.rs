@@ -325,7 +325,7 @@ impl Holds {
             }),
             turn_free: Notify::new(),
             lost_notify: Notify::new(),
-            metrics: HoldMetrics::new(&self.metrics, &**ops),
+            metrics: HoldMetrics::new(&self.metrics, ops.kind(), ops.name()),
         })
     }
 

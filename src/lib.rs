@@ -194,11 +194,10 @@ mod client;
 mod config;
 mod conn;
 mod error;
-mod guard;
 mod holds;
 mod hub;
+mod kind;
 mod kinds;
-mod leased_semaphore;
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub mod metrics;
@@ -210,8 +209,7 @@ mod multilock;
 mod owner;
 mod redlock;
 mod scope;
-mod semaphore;
-mod state;
+mod shared;
 mod turn_state;
 mod wake_state;
 mod watchdog;
@@ -221,27 +219,29 @@ mod watchdog;
 /// own, so the versions always match.
 pub use fred;
 
+pub use acquire::guard::Guard;
 pub use client::Client;
 pub use config::{
     Builder, Config, PubSubMode, ReplicaSync, AUTO_REPLICA_TIMEOUT, DEFAULT_BATON_PASSES,
     DEFAULT_FAIR_LOCK_WAIT, DEFAULT_WATCHDOG_LEASE, MAX_LEASE, MIN_WATCHDOG_LEASE,
 };
 pub use error::{Error, Result};
-pub use guard::Guard;
+pub use kind::MAX_NAME_LEN;
 pub use kinds::fair::{FairGuard, FairLock};
 pub use kinds::fenced::{FencedGuard, FencedLock};
+pub use kinds::leased_semaphore::{LeasedPermit, LeasedSemaphore, PermitId};
 pub use kinds::reentrant::Lock;
 pub use kinds::rwlock::{ReadGuard, ReadLock, ReadWriteLock, WriteGuard, WriteLock};
-pub use kinds::MAX_NAME_LEN;
-pub use leased_semaphore::{LeasedPermit, LeasedSemaphore, PermitId};
-pub use semaphore::{Semaphore, DEFAULT_RECHECK_INTERVAL, MAX_PERMITS, MAX_RECHECK_INTERVAL};
+pub use kinds::semaphore::{
+    Semaphore, DEFAULT_RECHECK_INTERVAL, MAX_PERMITS, MAX_RECHECK_INTERVAL,
+};
 
 /// A hold of a [`Lock`].
 pub type LockGuard = Guard<Lock>;
+pub use kinds::state::LockState;
 pub use multilock::{MultiLock, MultiLockGuard, RedLockGuard};
 pub use owner::Owner;
 pub use redlock::RedLock;
-pub use state::LockState;
 
 /// The README's examples, compiled as doc tests.
 #[cfg(doctest)]

@@ -80,8 +80,6 @@ mod recording {
     use parking_lot::Mutex;
     use tokio::time::Instant;
 
-    use crate::holds::HoldOps;
-
     /// Acquire calls by outcome (`acquired`, `timed_out`, `error`, `cancelled`) and kind.
     pub const ACQUISITIONS: &str = "redbaton_acquisitions_total";
     /// Seconds from an acquire call to its guard.
@@ -314,10 +312,10 @@ mod recording {
     }
 
     impl HoldMetrics {
-        pub(crate) fn new(client: &ClientMetrics, ops: &dyn HoldOps) -> Self {
+        pub(crate) fn new(client: &ClientMetrics, kind: &'static str, name: &str) -> Self {
             HoldMetrics {
-                kind: ops.kind(),
-                name: client.name(ops.name()),
+                kind,
+                name: client.name(name),
             }
         }
 
@@ -368,8 +366,6 @@ mod recording {
 mod recording {
     use std::sync::Arc;
 
-    use crate::holds::HoldOps;
-
     #[derive(Clone)]
     pub(crate) struct ClientMetrics;
 
@@ -405,7 +401,7 @@ mod recording {
 
     impl HoldMetrics {
         #[inline(always)]
-        pub(crate) fn new(_client: &ClientMetrics, _ops: &dyn HoldOps) -> Self {
+        pub(crate) fn new(_client: &ClientMetrics, _kind: &'static str, _name: &str) -> Self {
             HoldMetrics
         }
 

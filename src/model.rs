@@ -11,8 +11,6 @@ use std::sync::Arc;
 
 use shuttle::scheduler::{PctScheduler, RandomScheduler};
 
-crate::wake_state::atomic_word!(shuttle::sync::atomic::AtomicUsize);
-
 /// Schedules per scheduler: a few thousand runs of a small scenario take well under a second.
 const SCHEDULES: usize = 1500;
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 use futures::stream::{FuturesUnordered, StreamExt};
 use tokio::time::Instant;
 
-use crate::guard::{release_after, until_lost};
+use crate::acquire::guard::{release_after, until_lost};
 use crate::{Error, Lock, LockGuard, Result};
 
 /// Several [`Lock`]s taken all-or-nothing and released together.
@@ -247,7 +247,7 @@ struct Place<'a> {
 
 impl<'a> Place<'a> {
     fn of(lock: &'a Lock) -> Place<'a> {
-        use crate::kinds::Kind;
+        use crate::kind::Kind;
         use fred::interfaces::ClientLike;
         use fred::types::config::{Server, ServerConfig};
         let named = lock.named();

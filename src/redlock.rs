@@ -7,7 +7,7 @@ use std::time::Duration;
 use rand::Rng;
 use tokio::time::Instant;
 
-use crate::kinds::Kind;
+use crate::kind::Kind;
 use crate::multilock::{release_all, MultiLockGuard, RedLockGuard};
 use crate::{Error, Lock, LockGuard, Result};
 

@@ -75,8 +75,9 @@ macro_rules! atomic_word {
 }
 
 atomic_word!(std::sync::atomic::AtomicUsize);
+// The model tests' atomics, which the checker schedules.
 #[cfg(test)]
-pub(crate) use atomic_word;
+atomic_word!(shuttle::sync::atomic::AtomicUsize);
 
 /// The wake-ups of one group: its waiters, what they park on, and what a message left them.
 pub(crate) struct Wakes<W: Word = std::sync::atomic::AtomicUsize> {

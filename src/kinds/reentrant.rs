@@ -5,12 +5,12 @@ use std::time::Duration;
 
 use fred::types::Value;
 
-use crate::client::ClientInner;
 use crate::conn::{lua_script, Ack, Call, Conn};
 use crate::holds::{HoldOps, Renewal};
 use crate::hub::Wake;
 use crate::kinds::{acquire_methods, decode_counted, prefix_name, Kind, Named, Reply};
 use crate::owner::Owner;
+use crate::shared::ClientInner;
 use crate::Result;
 
 lua_script!(ACQUIRE, "lock/acquire.lua");

@@ -26,13 +26,13 @@ use std::sync::Arc;
 
 use fred::types::Value;
 
-use crate::client::ClientInner;
 use crate::conn::{lua_script, Call, Conn, LuaScript};
 use crate::holds::{HoldOps, Renewal};
 use crate::hub::Wake;
 use crate::kinds::reentrant::RENEW;
 use crate::kinds::{acquire_methods, decode_counted, Kind, Named, Reply};
 use crate::owner::Owner;
+use crate::shared::ClientInner;
 use crate::{Error, Guard, Result};
 
 lua_script!(READ_ACQUIRE, "rwlock/read_acquire.lua");

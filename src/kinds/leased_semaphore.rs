@@ -6,15 +6,15 @@ use std::time::Duration;
 
 use fred::types::Value;
 
-use crate::client::ClientInner;
 use crate::conn::{lua_script, Call, Conn, LuaScript};
-use crate::guard::Guard;
 use crate::holds::{HoldOps, Lease, Renewal};
 use crate::hub::Wake;
-use crate::kinds::{lease_millis, prefix_name, Kind, Named, Reply};
-use crate::semaphore::{
+use crate::kinds::semaphore::{
     add_permits, check_count, check_recheck, set_permits, CHANNEL_PREFIX, DEFAULT_RECHECK_INTERVAL,
 };
+use crate::kinds::{lease_millis, prefix_name, Kind, Named, Reply};
+use crate::shared::ClientInner;
+use crate::Guard;
 use crate::{Error, Result};
 
 lua_script!(ACQUIRE, "semaphore/leased_acquire.lua");

@@ -10,7 +10,7 @@ use crate::acquire::{bounded, settle, trim_lost, undo_acquire, Finish};
 use crate::baton::Claim;
 use crate::conn::{Conn, Failed};
 use crate::holds::{Entry, HoldOps, Lease, Loss, Registered, Turn};
-use crate::kinds::Kind;
+use crate::kind::Kind;
 use crate::owner::Owner;
 use crate::{Error, Result};
 
