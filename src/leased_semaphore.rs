@@ -247,6 +247,7 @@ impl LeasedSemaphore {
     /// # Cancel safety
     ///
     /// Dropping the future takes no permit (see the type's documentation).
+    #[must_use = "dropping the permit releases it at once; bind it (`let _permit = ...`) for as long as it must be held"]
     pub async fn acquire(&self) -> Result<LeasedPermit> {
         let permit = self.take(None, Lease::Watchdog).await?;
         Ok(permit.expect("waiting without a deadline ends only in a permit or an error"))
@@ -259,6 +260,7 @@ impl LeasedSemaphore {
     /// # Cancel safety
     ///
     /// As [`acquire`](Self::acquire).
+    #[must_use = "dropping the permit releases it at once; bind it (`let _permit = ...`) for as long as it must be held"]
     pub async fn acquire_with_lease(&self, lease: Duration) -> Result<LeasedPermit> {
         let lease = Lease::Fixed(lease_millis(lease)?);
         let permit = self.take(None, lease).await?;
@@ -270,6 +272,7 @@ impl LeasedSemaphore {
     /// # Cancel safety
     ///
     /// As [`acquire`](Self::acquire).
+    #[must_use = "dropping the permit releases it at once; bind it (`let _permit = ...`) for as long as it must be held"]
     pub async fn try_acquire(&self) -> Result<Option<LeasedPermit>> {
         self.take(Some(Duration::ZERO), Lease::Watchdog).await
     }
@@ -281,6 +284,7 @@ impl LeasedSemaphore {
     /// # Cancel safety
     ///
     /// As [`acquire`](Self::acquire).
+    #[must_use = "dropping the permit releases it at once; bind it (`let _permit = ...`) for as long as it must be held"]
     pub async fn try_acquire_for(&self, wait: Duration) -> Result<Option<LeasedPermit>> {
         self.take(Some(wait), Lease::Watchdog).await
     }
@@ -290,6 +294,7 @@ impl LeasedSemaphore {
     /// # Cancel safety
     ///
     /// As [`acquire`](Self::acquire).
+    #[must_use = "dropping the permit releases it at once; bind it (`let _permit = ...`) for as long as it must be held"]
     pub async fn try_acquire_with_lease(
         &self,
         wait: Duration,
@@ -347,30 +352,53 @@ impl LeasedSemaphore {
     /// The number of free permits now, after reclaiming every permit whose lease ended (0
     /// when the semaphore has no count yet).
     pub async fn available_permits(&self) -> Result<i64> {
-        Ok(self.state().await?.0)
+        Ok(self.state(None).await?.0)
     }
 
     /// The number of permits taken now (by anyone), after reclaiming every permit whose
     /// lease ended.
     pub async fn acquired_permits(&self) -> Result<u64> {
-        Ok(self.state().await?.1)
+        Ok(self.state(None).await?.1)
     }
 
-    async fn state(&self) -> Result<(i64, u64)> {
+    /// Sets the lease of the permit `id`, whoever took it, to end `lease` from now — longer
+    /// or shorter than it was (Redisson's `updateLeaseTime(permitId, lease, unit)`): `true`
+    /// when the permit was held, `false` when there is no such permit or its lease had
+    /// already ended (it is reclaimed then, never revived, as Redisson does). Every permit
+    /// whose lease ended is reclaimed first. Refused with [`Error::InvalidArgument`] for a
+    /// lease shorter than 1 ms or longer than [`MAX_LEASE`](crate::MAX_LEASE).
+    ///
+    /// Meant for permits held by id (a Java peer's, or one known only by its id). A
+    /// [`LeasedPermit`] of this client keeps its own view: the watchdog goes on renewing a
+    /// watchdog-leased one (a renewal never shortens a lease, so a shorter one lasts until
+    /// the next renewal), and a fixed-lease one still reports [`lost`](LeasedPermit::lost)
+    /// when its first lease ends, after which it is no longer released by its guard — the
+    /// permit then comes back when the new lease ends.
+    pub async fn update_lease_time(&self, id: &PermitId, lease: Duration) -> Result<bool> {
+        let lease_ms = lease_millis(lease)?;
+        Ok(self.state(Some((id, lease_ms))).await?.2)
+    }
+
+    /// Reclaims every permit whose lease ended, then counts the free and the taken permits —
+    /// and, given `(id, lease)`, sets that permit's lease if it is still held.
+    async fn state(&self, update: Option<(&PermitId, i64)>) -> Result<(i64, u64, bool)> {
         let inner = &self.inner;
         let named = &inner.named;
         named.check()?;
         let conn = &named.client.conn;
         let keys = [&*inner.counter, &*named.key];
-        let args = vec![
+        let mut args = vec![
             Value::from(conn.publish_command()),
             Value::from(&*inner.channel),
         ];
-        let (free, taken): (i64, i64) = conn
+        if let Some((id, lease_ms)) = update {
+            args.extend([Value::from(id.to_string()), Value::from(lease_ms)]);
+        }
+        let (free, taken, updated): (i64, i64, i64) = conn
             .eval(&STATE, &keys, args)
             .await
             .map_err(|e| named.error(&e))?;
-        Ok((free, taken.max(0) as u64))
+        Ok((free, taken.max(0) as u64, updated == 1))
     }
 }
 
@@ -389,7 +417,9 @@ impl LeasedPermit {
     ///
     /// # Cancel safety
     ///
-    /// Dropping the future finishes the release in the background.
+    /// Calling `release` gives the permit back whether or not its future is awaited to the
+    /// end: dropped before its first poll, the future drops the permit, which releases it in
+    /// the background; dropped once polled, the release is finished in the background.
     pub async fn release(self) -> Result<()> {
         self.guard.unlock().await
     }

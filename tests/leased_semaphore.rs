@@ -813,3 +813,90 @@ async fn a_redisson_peer_shares_permits_both_ways_with_binary_ids() {
     assert_eq!(left, 0);
     client.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn update_lease_time_sets_a_held_permits_lease_as_redisson_does() {
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let client = client(&server.url()).await;
+    let sem = client.leased_semaphore("leases");
+    sem.try_set_permits(3).await.unwrap();
+    let lease_end = |id: [u8; 16]| {
+        let raw = raw.clone();
+        let key = sem.timeout_key().to_owned();
+        async move {
+            taken(&raw, &key)
+                .await
+                .into_iter()
+                .find(|(member, _)| member[..] == id[..])
+                .map(|(_, score)| score)
+        }
+    };
+
+    // Our own permit, lengthened: the score is the server's now + the new lease.
+    let ours = sem
+        .acquire_with_lease(Duration::from_secs(60))
+        .await
+        .unwrap();
+    let before = server_ms(&raw).await;
+    let lease = Duration::from_secs(600);
+    assert!(sem.update_lease_time(&ours.id(), lease).await.unwrap());
+    let end = lease_end(*ours.id().as_bytes()).await.expect("still taken");
+    let after = server_ms(&raw).await;
+    assert!(
+        (before + 600_000..=after + 600_000).contains(&end),
+        "lease end {end} is not 600 s after {before}..{after}"
+    );
+
+    // A Java peer's permit without a lease, given one of 1 s: it comes back by itself.
+    let peer_id = [7u8; 16];
+    assert_eq!(
+        peer_acquire(&raw, &sem, &[peer_id], None)
+            .await
+            .as_str()
+            .as_deref(),
+        Some("OK")
+    );
+    assert_eq!(lease_end(peer_id).await, Some(SENTINEL));
+    let id = PermitId::from_bytes(peer_id);
+    assert!(sem
+        .update_lease_time(&id, Duration::from_secs(1))
+        .await
+        .unwrap());
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            sem.acquired_permits().await.unwrap() == 1
+        })
+        .await,
+        "the shortened lease ended and the permit was reclaimed"
+    );
+    // Ended and reclaimed: never revived.
+    assert!(!sem
+        .update_lease_time(&id, Duration::from_secs(60))
+        .await
+        .unwrap());
+    assert_eq!(lease_end(peer_id).await, None);
+    assert_eq!(sem.available_permits().await.unwrap(), 2);
+
+    // Released, or never taken: false.
+    let released = ours.id();
+    ours.release().await.unwrap();
+    assert!(!sem
+        .update_lease_time(&released, Duration::from_secs(60))
+        .await
+        .unwrap());
+    assert!(!sem
+        .update_lease_time(&PermitId::from_bytes([9; 16]), Duration::from_secs(60))
+        .await
+        .unwrap());
+
+    // Bad input: a typed error, nothing sent.
+    for lease in [Duration::ZERO, Duration::MAX] {
+        let refused = sem.update_lease_time(&released, lease).await;
+        assert!(
+            matches!(refused, Err(Error::InvalidArgument(_))),
+            "{lease:?}: {refused:?}"
+        );
+    }
+    client.shutdown().await.unwrap();
+}
