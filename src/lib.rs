@@ -111,6 +111,7 @@
 //! | `RSemaphore`: `acquire(n)`, `tryAcquire(n)`, `tryAcquire(n, wait, unit)`, `release(n)` | `acquire(n)`, `try_acquire(n)`, `try_acquire_for(n, wait)` → [`SemaphorePermit`] (its `forget()` keeps the permits taken, as Redisson does), `release(n)` |
 //! | `RSemaphore`: `trySetPermits`, `addPermits`, `availablePermits`, `drainPermits` | `try_set_permits`, `add_permits`, `available_permits`, `drain_permits` |
 //! | `RPermitExpirableSemaphore`: `acquire()`, `acquire(lease, unit)` | `acquire()`, `acquire_with_lease(lease)` → [`LeasedPermit`] |
+//! | `RPermitExpirableSemaphore`: `acquire(n)`, `tryAcquire(n)`, `tryAcquire(n, wait, lease, unit)` | `acquire_many(n)`, `try_acquire_many(n, Duration::ZERO)`, `try_acquire_many_with_lease(n, wait, lease)` → one [`LeasedPermit`] |
 //! | `RPermitExpirableSemaphore`: `tryAcquire()`, `tryAcquire(wait, unit)`, `tryAcquire(wait, lease, unit)` | `try_acquire()`, `try_acquire_for(wait)`, `try_acquire_with_lease(wait, lease)` |
 //! | `RPermitExpirableSemaphore`: `release(id)`, `tryRelease(id)`, `updateLeaseTime(id, lease, unit)` | `permit.release()`, `release_id(&id)`, `update_lease_time(&id, lease)` |
 //! | `RPermitExpirableSemaphore`: `availablePermits`, `acquiredPermits`, `trySetPermits`, `addPermits` | `available_permits`, `acquired_permits`, `try_set_permits`, `add_permits` |
@@ -229,7 +230,7 @@ pub use kinds::fenced::{FencedGuard, FencedLock};
 pub use kinds::reentrant::Lock;
 pub use kinds::rwlock::{ReadGuard, ReadLock, ReadWriteLock, WriteGuard, WriteLock};
 pub use kinds::MAX_NAME_LEN;
-pub use leased_semaphore::{LeasedPermit, LeasedSemaphore, PermitId};
+pub use leased_semaphore::{LeasedPermit, LeasedSemaphore, PermitId, MAX_PERMITS_AT_ONCE};
 pub use semaphore::{
     Semaphore, SemaphorePermit, DEFAULT_RECHECK_INTERVAL, MAX_PERMITS, MAX_RECHECK_INTERVAL,
 };
