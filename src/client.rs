@@ -44,6 +44,8 @@ pub(crate) struct ClientInner {
     pub(crate) passes_refused: std::sync::atomic::AtomicBool,
     /// Where the owner numbers of acquisitions outside a hold's scope come from.
     pub(crate) owners: crate::scope::OwnerNumbers,
+    /// The permits of live `SemaphorePermit`s, for shutdown to give back.
+    pub(crate) semaphore_permits: crate::semaphore::Outstanding,
 }
 
 impl Drop for ClientInner {
@@ -301,6 +303,7 @@ impl Client {
             config,
             passes_refused: Default::default(),
             owners: crate::scope::OwnerNumbers::new(),
+            semaphore_permits: Default::default(),
         });
         tracing::debug!(client = %inner.id, url = %redact_url(&inner.config.url), "connected");
         Ok(Client { inner })
@@ -424,11 +427,12 @@ impl Client {
                 }
             }
         });
-        let first_error = futures::future::join_all(releases)
-            .await
-            .into_iter()
-            .flatten()
-            .next();
+        let (released, permits) = futures::future::join(
+            futures::future::join_all(releases),
+            inner.semaphore_permits.give_all_back(),
+        )
+        .await;
+        let first_error = released.into_iter().flatten().next().or(permits);
         inner.hub.shutdown().await;
         if let Err(e) = conn.redis().quit().await {
             tracing::debug!(error = %e, "quit");

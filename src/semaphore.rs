@@ -1,7 +1,9 @@
 //! [`Semaphore`]: Redisson's `RSemaphore` — a counter of free permits that any number of
 //! processes take from and give back to.
 
+use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -51,6 +53,7 @@ pub const MAX_RECHECK_INTERVAL: Duration = Duration::from_secs(3600);
 /// `tokio::sync::SemaphorePermit` does; [`SemaphorePermit::release`] gives them back and
 /// reports errors; [`SemaphorePermit::forget`] keeps them taken, for code that gives them
 /// back later with [`release`](Self::release) (Redisson's way).
+/// [`Client::shutdown`](crate::Client::shutdown) gives back those still held.
 ///
 /// That guard lives in this process only. **In Redis a permit belongs to nobody.** Taking
 /// one decrements a counter; giving one back increments it — from any task, any process,
@@ -291,10 +294,7 @@ impl Semaphore {
         named.check()?;
         check_count(permits, "permits")?;
         if permits == 0 {
-            return Ok(Some(SemaphorePermit {
-                inner: self.inner.clone(),
-                permits,
-            }));
+            return Ok(Some(SemaphorePermit::new(self.inner.clone(), 0)));
         }
         let attempts = SemaphoreAttempts {
             inner: self.inner.clone(),
@@ -427,16 +427,82 @@ fn out_of_range(named: &Named, change: &str) -> Error {
 /// permits are in Redis: a process that dies holding them loses them for good (see
 /// [`Semaphore`]).
 ///
-/// Give permits back, or forget them, before [`Client::shutdown`](crate::Client::shutdown):
-/// once the client is shut down they cannot be given back (a warning is logged).
+/// [`Client::shutdown`](crate::Client::shutdown) gives back the permits of every
+/// `SemaphorePermit` of the client still alive, as it releases the locks still held.
 #[must_use = "dropping the permit gives its permits back at once; bind it (`let _permit = ...`) for as long as they must be held"]
 pub struct SemaphorePermit {
     inner: Arc<Inner>,
-    /// How many permits it still gives back: 0 once released or forgotten.
+    /// How many permits it holds.
     permits: u32,
+    /// Its entry in the client's [`Outstanding`] permits; `None` once settled (released,
+    /// dropped, forgotten), and for no permits.
+    ticket: Option<u64>,
+}
+
+/// The permits of a client's live [`SemaphorePermit`]s, given back by its shutdown.
+#[derive(Default)]
+pub(crate) struct Outstanding {
+    next: AtomicU64,
+    held: parking_lot::Mutex<HashMap<u64, (Arc<Inner>, u32)>>,
+}
+
+impl Outstanding {
+    /// Gives back the permits of every live [`SemaphorePermit`] (the client is shutting
+    /// down): the first error, if any.
+    pub(crate) async fn give_all_back(&self) -> Option<Error> {
+        let held: Vec<_> = self.held.lock().drain().map(|(_, taken)| taken).collect();
+        let returns = held.into_iter().map(|(inner, permits)| async move {
+            let outcome = give_back(inner.clone(), permits).await;
+            match &outcome {
+                Ok(_) => {
+                    tracing::warn!(semaphore = %inner.named.name(), permits, "shutdown gave back semaphore permits still held")
+                }
+                Err(e) => {
+                    tracing::warn!(semaphore = %inner.named.name(), permits, error = %e, "shutdown could not give back semaphore permits; they are lost")
+                }
+            }
+            outcome.err()
+        });
+        futures::future::join_all(returns)
+            .await
+            .into_iter()
+            .flatten()
+            .next()
+    }
 }
 
 impl SemaphorePermit {
+    /// `permits` taken, given back by shutdown until they are settled.
+    fn new(inner: Arc<Inner>, permits: u32) -> SemaphorePermit {
+        let ticket = (permits > 0).then(|| {
+            let outstanding = &inner.named.client.semaphore_permits;
+            let ticket = outstanding.next.fetch_add(1, Ordering::Relaxed);
+            outstanding
+                .held
+                .lock()
+                .insert(ticket, (inner.clone(), permits));
+            ticket
+        });
+        SemaphorePermit {
+            inner,
+            permits,
+            ticket,
+        }
+    }
+
+    /// Takes the permits out of the client's outstanding ones: how many are still to give
+    /// back (0 when shutdown gave them back already, or for none).
+    fn settle(&mut self) -> u32 {
+        let Some(ticket) = self.ticket.take() else {
+            return 0;
+        };
+        let outstanding = &self.inner.named.client.semaphore_permits;
+        match outstanding.held.lock().remove(&ticket) {
+            Some((_, permits)) => permits,
+            None => 0,
+        }
+    }
+
     /// How many permits it holds.
     pub fn permits(&self) -> u32 {
         self.permits
@@ -452,7 +518,8 @@ impl SemaphorePermit {
     /// Refused with [`Error::InvalidArgument`] when the count of free permits would pass
     /// [`MAX_PERMITS`] (others released or added permits meanwhile): then the permits are
     /// not given back. If Redis does not confirm the release within the command timeout, the
-    /// error is returned and the release goes on in the background.
+    /// error is returned and the release goes on in the background. [`Error::ShutDown`] after
+    /// the client shut down: shutdown gave the permits back.
     ///
     /// # Cancel safety
     ///
@@ -461,7 +528,11 @@ impl SemaphorePermit {
     /// in the background; dropped once polled, the release round trip is finished in the
     /// background.
     pub async fn release(mut self) -> Result<()> {
-        let permits = std::mem::take(&mut self.permits);
+        let permits = self.settle();
+        if permits == 0 && self.permits > 0 {
+            // Shutdown gave them back.
+            return Err(Error::ShutDown);
+        }
         release(self.inner.clone(), permits).await
     }
 
@@ -469,7 +540,8 @@ impl SemaphorePermit {
     /// [`Semaphore::release`] (from any task or process), as with Redisson's `acquire`.
     /// Returns how many were kept.
     pub fn forget(mut self) -> u32 {
-        std::mem::take(&mut self.permits)
+        self.settle();
+        self.permits
     }
 }
 
@@ -477,7 +549,7 @@ impl Drop for SemaphorePermit {
     fn drop(&mut self) {
         // Also the end of an acquire whose caller left (dropped, timed out): its permits,
         // taken after all, come back the same way.
-        let permits = self.permits;
+        let permits = self.settle();
         if permits == 0 {
             return;
         }
@@ -579,10 +651,7 @@ async fn take(inner: Arc<Inner>, permits: u32, recheck_ms: u64) -> Result<Try<Se
                 }
                 // Taken on the primary only: it does not count; dropping them gives them back.
                 Failed::Unreplicated { reply, .. } if reply.as_i64() == Some(1) => {
-                    drop(SemaphorePermit {
-                        inner: inner.clone(),
-                        permits,
-                    })
+                    drop(SemaphorePermit::new(inner.clone(), permits))
                 }
                 _ => {}
             }
@@ -590,10 +659,16 @@ async fn take(inner: Arc<Inner>, permits: u32, recheck_ms: u64) -> Result<Try<Se
         }
     };
     match reply.as_i64() {
-        Some(1) => Ok(Try::Got(SemaphorePermit {
-            inner: inner.clone(),
-            permits,
-        })),
+        Some(1) => {
+            let permit = SemaphorePermit::new(inner.clone(), permits);
+            if conn.is_closed() {
+                // Taken while the client shuts down, maybe after it gave back the permits
+                // still held: given back here.
+                drop(permit);
+                return Err(Error::ShutDown);
+            }
+            Ok(Try::Got(permit))
+        }
         Some(0) => Ok(Try::Busy(recheck_ms)),
         Some(-1) => Ok(Try::TooFew(recheck_ms)),
         _ => Err(Error::Redis(format!(

@@ -899,3 +899,25 @@ async fn drain_permits_takes_every_free_permit_as_redisson_does() {
     );
     client.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn shutdown_gives_back_the_permits_still_held() {
+    // A permit still in scope when the client shuts down (the end of `main`, say): shutdown
+    // gives its permits back, as it releases the locks still held; a forgotten one stays out.
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let client = client(&server.url()).await;
+    let sem = client.semaphore("at-exit");
+    sem.try_set_permits(5).await.unwrap();
+    let held = sem.acquire(2).await.unwrap();
+    sem.acquire(1).await.unwrap().forget();
+    client.shutdown().await.unwrap();
+    assert_eq!(
+        get(&raw, "at-exit").await.as_deref(),
+        Some("4"),
+        "the held permits are back once shutdown returns; the forgotten one is not"
+    );
+    let late = held.release().await;
+    assert!(matches!(late, Err(Error::ShutDown)), "{late:?}");
+    assert_eq!(get(&raw, "at-exit").await.as_deref(), Some("4"));
+}
