@@ -550,7 +550,10 @@ async fn attempt<K: Kind>(
     let reply = match bounded(kind.acquire(conn, &field, lease_ms, waits), conn).await {
         Ok(reply) => reply,
         Err(Failed::Unreplicated { reply, .. })
-            if matches!(kind.decode(reply.clone()), Ok(Reply::Held(_))) =>
+            if matches!(
+                kind.decode(reply.clone()),
+                Ok(Reply::Held(_) | Reply::TooFew(_))
+            ) =>
         {
             // Refused: nothing was taken, whatever the replicas saw.
             reply
@@ -579,6 +582,7 @@ async fn attempt<K: Kind>(
     };
     match decoded {
         Reply::Held(pttl) => Ok(Try::Busy(pttl)),
+        Reply::TooFew(pttl) => Ok(Try::TooFew(pttl)),
         Reply::Acquired { count, extra } => {
             if conn.is_closed() {
                 // Shut down meanwhile: shutdown waits for this turn, so release it here.

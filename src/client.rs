@@ -259,6 +259,7 @@ impl Client {
             config,
             passes_refused: Default::default(),
             owners: crate::scope::OwnerNumbers::new(),
+            outstanding_permits: Default::default(),
         });
         tracing::debug!(client = %inner.id, url = %redact_url(&inner.config.url), "connected");
         Ok(Client { inner })
@@ -382,11 +383,12 @@ impl Client {
                 }
             }
         });
-        let first_error = futures::future::join_all(releases)
-            .await
-            .into_iter()
-            .flatten()
-            .next();
+        let (released, permits) = futures::future::join(
+            futures::future::join_all(releases),
+            inner.outstanding_permits.give_all_back(),
+        )
+        .await;
+        let first_error = released.into_iter().flatten().next().or(permits);
         inner.hub.shutdown().await;
         if let Err(e) = conn.redis().quit().await {
             tracing::debug!(error = %e, "quit");

@@ -159,6 +159,9 @@ pub enum Reply<E> {
     },
     /// Another owner holds it for this many more milliseconds.
     Held(u64),
+    /// Refused as [`Held`](Reply::Held), though permits are free: fewer than this acquire asks
+    /// for, but a smaller request could take them (its wake-up is passed on to one).
+    TooFew(u64),
 }
 
 /// The hooks of one lock kind (sealed: implemented by the crate's lock types only).

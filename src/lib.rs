@@ -30,7 +30,7 @@
 //! | [`FairLock`] | [`Client::fair_lock`] | a reentrant lock served first come, first served across every process (guard: [`FairGuard`]) |
 //! | [`ReadWriteLock`] | [`Client::read_write_lock`] | many readers or one writer: halves [`ReadLock`] and [`WriteLock`], guards [`ReadGuard`] and [`WriteGuard`]; no writer preference |
 //! | [`FencedLock`] | [`Client::fenced_lock`] | a [`Lock`] whose every acquisition carries a fencing token, for stores that must refuse a stale holder (guard: [`FencedGuard`]) |
-//! | [`Semaphore`] | [`Client::semaphore`] | a counter of permits that belong to nobody: a holder that dies keeps its permits for good |
+//! | [`Semaphore`] | [`Client::semaphore`] | a counter of permits that belong to nobody in Redis: a process that dies holding some keeps them for good (permits: [`SemaphorePermit`], given back on drop) |
 //! | [`LeasedSemaphore`] | [`Client::leased_semaphore`] | permits with ids and leases, renewed by the watchdog like locks (permit: [`LeasedPermit`]) |
 //! | [`MultiLock`] | [`MultiLock::new`] over [`Lock`]s | several locks, all or nothing, never waiting while it holds some: deadlock-free (guard: [`MultiLockGuard`]) |
 //! | [`RedLock`] | [`RedLock::new`] over [`Lock`]s | one lock per independent Redis master, held while a majority is (guard: [`RedLockGuard`]) |
@@ -108,17 +108,19 @@
 //! | `remainTimeToLive()` | `remaining_ttl()` |
 //! | `getName()` | `name()` |
 //! | `RFencedLock`: `lockAndGetToken()`, `getToken()` | `lock()` then the guard's `token()`; [`FencedLock::token`] |
-//! | `RSemaphore`: `acquire(n)`, `tryAcquire(n)`, `tryAcquire(n, wait, unit)`, `release(n)` | `acquire(n)`, `try_acquire(n)`, `try_acquire_for(n, wait)`, `release(n)` |
-//! | `RSemaphore`: `trySetPermits`, `addPermits`, `availablePermits` | `try_set_permits`, `add_permits`, `available_permits` |
+//! | `RSemaphore`: `acquire(n)`, `tryAcquire(n)`, `tryAcquire(n, wait, unit)`, `release(n)` | `acquire(n)`, `try_acquire(n)`, `try_acquire_for(n, wait)` → [`SemaphorePermit`] (its `forget()` keeps the permits taken, as Redisson does), `release(n)` |
+//! | `RSemaphore`: `trySetPermits`, `addPermits`, `availablePermits`, `drainPermits` | `try_set_permits`, `add_permits`, `available_permits`, `drain_permits` |
 //! | `RPermitExpirableSemaphore`: `acquire()`, `acquire(lease, unit)` | `acquire()`, `acquire_with_lease(lease)` → [`LeasedPermit`] |
+//! | `RPermitExpirableSemaphore`: `acquire(n)`, `tryAcquire(n)`, `tryAcquire(n, wait, lease, unit)` | `acquire_many(n)`, `try_acquire_many(n, Duration::ZERO)`, `try_acquire_many_with_lease(n, wait, lease)` → one [`LeasedPermit`] |
 //! | `RPermitExpirableSemaphore`: `tryAcquire()`, `tryAcquire(wait, unit)`, `tryAcquire(wait, lease, unit)` | `try_acquire()`, `try_acquire_for(wait)`, `try_acquire_with_lease(wait, lease)` |
-//! | `RPermitExpirableSemaphore`: `release(id)`, `tryRelease(id)` | `permit.release()`, `release_id(&id)` |
+//! | `RPermitExpirableSemaphore`: `release(id)`, `tryRelease(id)`, `updateLeaseTime(id, lease, unit)` | `permit.release()`, `release_id(&id)`, `update_lease_time(&id, lease)` |
 //! | `RPermitExpirableSemaphore`: `availablePermits`, `acquiredPermits`, `trySetPermits`, `addPermits` | `available_permits`, `acquired_permits`, `try_set_permits`, `add_permits` |
 //!
 //! Differences a porter meets: the owner is a hold's scope, not a thread (above); Redisson's
 //! `Config.lockWatchdogTimeout` is [`Config::watchdog_lease`] and `fairLockWaitTimeout` is
 //! [`Config::fair_lock_wait`]; every wait is bounded by the holder's lease, so a lost message
-//! never hangs a waiter.
+//! never hangs a waiter. Every method of those interfaces, with its name here or why it is not
+//! offered, is in the repository's `docs/REDISSON-MAP.md`.
 //!
 //! ## Topologies
 //!
@@ -229,11 +231,11 @@ pub use error::{Error, Result};
 pub use kind::MAX_NAME_LEN;
 pub use kinds::fair::{FairGuard, FairLock};
 pub use kinds::fenced::{FencedGuard, FencedLock};
-pub use kinds::leased_semaphore::{LeasedPermit, LeasedSemaphore, PermitId};
+pub use kinds::leased_semaphore::{LeasedPermit, LeasedSemaphore, PermitId, MAX_PERMITS_AT_ONCE};
 pub use kinds::reentrant::Lock;
 pub use kinds::rwlock::{ReadGuard, ReadLock, ReadWriteLock, WriteGuard, WriteLock};
 pub use kinds::semaphore::{
-    Semaphore, DEFAULT_RECHECK_INTERVAL, MAX_PERMITS, MAX_RECHECK_INTERVAL,
+    Semaphore, SemaphorePermit, DEFAULT_RECHECK_INTERVAL, MAX_PERMITS, MAX_RECHECK_INTERVAL,
 };
 
 /// A hold of a [`Lock`].
@@ -266,6 +268,7 @@ mod assertions {
         send_static::<crate::LeasedSemaphore>();
         sync::<crate::LeasedSemaphore>();
         send_static::<crate::LeasedPermit>();
+        send_static::<crate::SemaphorePermit>();
         send_static::<crate::Error>();
         send_static::<crate::Client>();
         sync::<crate::Lock>();

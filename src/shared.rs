@@ -2,7 +2,11 @@
 //! registry, watchdog and settings. It sits below the kinds, which keep it, and the facade
 //! ([`Client`](crate::Client)), which makes it: neither has to know the other.
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+
+use futures::future::BoxFuture;
 
 use fred::interfaces::ClientLike;
 
@@ -12,6 +16,7 @@ use crate::holds::Holds;
 use crate::hub::Hub;
 use crate::scope::OwnerNumbers;
 use crate::watchdog::Watchdog;
+use crate::Error;
 
 /// The parts of a [`Client`](crate::Client), kept by every handle it made.
 pub(crate) struct ClientInner {
@@ -26,6 +31,48 @@ pub(crate) struct ClientInner {
     pub(crate) passes_refused: std::sync::atomic::AtomicBool,
     /// Where the owner numbers of acquisitions outside a hold's scope come from.
     pub(crate) owners: OwnerNumbers,
+    /// The permits of live permit guards, for shutdown to give back.
+    pub(crate) outstanding_permits: Outstanding,
+}
+
+/// What shutdown runs to give back the permits of a permit guard still alive: the error, if
+/// the permits could not be given back.
+pub(crate) type GiveBack = Box<dyn FnOnce(u32) -> BoxFuture<'static, Option<Error>> + Send>;
+
+/// The permits of a client's live permit guards, given back by its shutdown (the kinds that
+/// hand out such guards register them; this registry knows none of them).
+#[derive(Default)]
+pub(crate) struct Outstanding {
+    next: AtomicU64,
+    held: parking_lot::Mutex<HashMap<u64, (u32, GiveBack)>>,
+}
+
+impl Outstanding {
+    /// Registers `permits` that `give_back` returns at shutdown: the ticket to settle them by.
+    pub(crate) fn insert(&self, permits: u32, give_back: GiveBack) -> u64 {
+        let ticket = self.next.fetch_add(1, Ordering::Relaxed);
+        self.held.lock().insert(ticket, (permits, give_back));
+        ticket
+    }
+
+    /// Settles `ticket`'s permits: how many, unless shutdown gave them back already.
+    pub(crate) fn remove(&self, ticket: u64) -> Option<u32> {
+        self.held.lock().remove(&ticket).map(|(permits, _)| permits)
+    }
+
+    /// Gives back the permits of every live permit guard (the client is shutting down): the
+    /// first error, if any.
+    pub(crate) async fn give_all_back(&self) -> Option<Error> {
+        let held: Vec<_> = self.held.lock().drain().map(|(_, taken)| taken).collect();
+        let returns = held
+            .into_iter()
+            .map(|(permits, give_back)| give_back(permits));
+        futures::future::join_all(returns)
+            .await
+            .into_iter()
+            .flatten()
+            .next()
+    }
 }
 
 impl Drop for ClientInner {

@@ -936,8 +936,8 @@ async fn hold(client: &Client, kind: Kind, name: &str) -> redbaton::Result<Relea
         Kind::Semaphore => {
             let semaphore = client.semaphore(name);
             semaphore.try_set_permits(1).await?;
-            semaphore.acquire(1).await?;
-            boxed(async move { semaphore.release(1).await })
+            let permit = semaphore.acquire(1).await?;
+            boxed(async move { permit.release().await })
         }
         Kind::LeasedSemaphore => {
             let semaphore = client.leased_semaphore(name);

@@ -11,9 +11,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use fred::clients::SubscriberClient;
 use fred::prelude::*;
 use fred::types::Message;
-use redbaton::{Client, Error, LeasedSemaphore, PermitId};
+use redbaton::{Client, Error, LeasedSemaphore, PermitId, MAX_PERMITS_AT_ONCE};
 use support::proxy::{Mode, Proxy};
-use support::{eventually, numsub, RedisServer, RENEWED_LEASE};
+use support::{eventually, numsub, settled_calls, RedisServer, RENEWED_LEASE};
 
 /// A recheck timer that never fires within a test: a waiter that gets a permit sooner was
 /// woken by a message (or by a lease it was told about).
@@ -811,5 +811,263 @@ async fn a_redisson_peer_shares_permits_both_ways_with_binary_ids() {
     assert_eq!(sem.available_permits().await.unwrap(), 2);
     let left: i64 = raw.zcard("{shared}:timeout").await.unwrap();
     assert_eq!(left, 0);
+    client.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn update_lease_time_sets_a_held_permits_lease_as_redisson_does() {
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let client = client(&server.url()).await;
+    let sem = client.leased_semaphore("leases");
+    sem.try_set_permits(3).await.unwrap();
+    let lease_end = |id: [u8; 16]| {
+        let raw = raw.clone();
+        let key = sem.timeout_key().to_owned();
+        async move {
+            taken(&raw, &key)
+                .await
+                .into_iter()
+                .find(|(member, _)| member[..] == id[..])
+                .map(|(_, score)| score)
+        }
+    };
+
+    // Our own permit, lengthened: the score is the server's now + the new lease.
+    let ours = sem
+        .acquire_with_lease(Duration::from_secs(60))
+        .await
+        .unwrap();
+    let before = server_ms(&raw).await;
+    let lease = Duration::from_secs(600);
+    assert!(sem.update_lease_time(&ours.id(), lease).await.unwrap());
+    let end = lease_end(*ours.id().as_bytes()).await.expect("still taken");
+    let after = server_ms(&raw).await;
+    assert!(
+        (before + 600_000..=after + 600_000).contains(&end),
+        "lease end {end} is not 600 s after {before}..{after}"
+    );
+
+    // A Java peer's permit without a lease, given one of 1 s: it comes back by itself.
+    let peer_id = [7u8; 16];
+    assert_eq!(
+        peer_acquire(&raw, &sem, &[peer_id], None)
+            .await
+            .as_str()
+            .as_deref(),
+        Some("OK")
+    );
+    assert_eq!(lease_end(peer_id).await, Some(SENTINEL));
+    let id = PermitId::from_bytes(peer_id);
+    assert!(sem
+        .update_lease_time(&id, Duration::from_secs(1))
+        .await
+        .unwrap());
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            sem.acquired_permits().await.unwrap() == 1
+        })
+        .await,
+        "the shortened lease ended and the permit was reclaimed"
+    );
+    // Ended and reclaimed: never revived.
+    assert!(!sem
+        .update_lease_time(&id, Duration::from_secs(60))
+        .await
+        .unwrap());
+    assert_eq!(lease_end(peer_id).await, None);
+    assert_eq!(sem.available_permits().await.unwrap(), 2);
+
+    // Released, or never taken: false.
+    let released = ours.id();
+    ours.release().await.unwrap();
+    assert!(!sem
+        .update_lease_time(&released, Duration::from_secs(60))
+        .await
+        .unwrap());
+    assert!(!sem
+        .update_lease_time(&PermitId::from_bytes([9; 16]), Duration::from_secs(60))
+        .await
+        .unwrap());
+
+    // Bad input: a typed error, nothing sent.
+    for lease in [Duration::ZERO, Duration::MAX] {
+        let refused = sem.update_lease_time(&released, lease).await;
+        assert!(
+            matches!(refused, Err(Error::InvalidArgument(_))),
+            "{lease:?}: {refused:?}"
+        );
+    }
+    client.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_permits_are_taken_together_as_redisson_takes_them() {
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let client = lease_client(&server.url(), Duration::from_secs(3)).await;
+    let sem = client.leased_semaphore("batch");
+    sem.try_set_permits(5).await.unwrap();
+
+    // Three at once: three ids, one score (the same lease), the counter down by three.
+    let three = sem.acquire_many(3).await.unwrap();
+    let ids = three.ids();
+    assert_eq!((ids.len(), three.permits()), (3, 3));
+    assert_eq!(three.id(), ids[0]);
+    assert!(ids[0] != ids[1] && ids[1] != ids[2] && ids[0] != ids[2]);
+    assert_eq!(get(&raw, "batch").await.as_deref(), Some("2"));
+    let members = taken(&raw, sem.timeout_key()).await;
+    assert_eq!(members.len(), 3);
+    for id in &ids {
+        assert!(
+            members
+                .iter()
+                .any(|(member, _)| member[..] == id.as_bytes()[..]),
+            "{id} is a member, as 16 raw bytes"
+        );
+    }
+    assert!(members.iter().all(|(_, score)| *score == members[0].1));
+
+    // All or none: three are not free, nothing is taken.
+    assert!(sem
+        .try_acquire_many(3, Duration::ZERO)
+        .await
+        .unwrap()
+        .is_none());
+    assert_eq!(get(&raw, "batch").await.as_deref(), Some("2"));
+    assert_eq!(taken(&raw, sem.timeout_key()).await.len(), 3);
+
+    // A Java peer takes the last two, several at once too; a waiter for two waits, and gets
+    // two when the three are given back.
+    let peer_ids = [[1u8; 16], [2u8; 16]];
+    let reply = peer_acquire(&raw, &sem, &peer_ids, Some(Duration::from_secs(600))).await;
+    assert_eq!(reply.as_str().as_deref(), Some("OK"));
+    let waiter = {
+        let sem = sem.with_recheck_interval(NO_RECHECK).unwrap();
+        tokio::spawn(async move { sem.try_acquire_many(2, Duration::from_secs(60)).await })
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            numsub(&raw, "redisson_sc:{batch}").await == 1
+        })
+        .await
+    );
+    three.release().await.unwrap();
+    let two = tokio::time::timeout(Duration::from_secs(20), waiter)
+        .await
+        .expect("woken by the release")
+        .unwrap()
+        .unwrap()
+        .expect("two permits");
+    assert_eq!(two.permits(), 2);
+    assert_eq!(get(&raw, "batch").await.as_deref(), Some("1"));
+    assert_eq!(peer_release(&raw, &sem, &peer_ids[0]).await, 1);
+    assert_eq!(sem.available_permits().await.unwrap(), 2);
+
+    // The watchdog renews them together, past several leases.
+    let renewed = server_ms(&raw).await + 5_000;
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            let members = taken(&raw, sem.timeout_key()).await;
+            two.ids().iter().all(|id| {
+                members
+                    .iter()
+                    .any(|(m, score)| m[..] == id.as_bytes()[..] && *score > renewed)
+            })
+        })
+        .await,
+        "both permits renewed past {renewed}"
+    );
+    assert!(!two.is_lost());
+
+    // One of them released by its id: the hold is lost, and the other one comes back when
+    // its lease ends.
+    assert!(sem.release_id(&two.ids()[1]).await.unwrap());
+    tokio::time::timeout(Duration::from_secs(30), two.lost())
+        .await
+        .expect("the pair is lost once one of them is gone");
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            sem.acquired_permits().await.unwrap() == 1
+        })
+        .await,
+        "only the peer's second permit is left taken"
+    );
+    assert_eq!(sem.available_permits().await.unwrap(), 4);
+    assert!(matches!(two.release().await, Err(Error::NotHeld { .. })));
+
+    // A fixed lease for several: back when it ends.
+    let leased = sem
+        .try_acquire_many_with_lease(4, Duration::ZERO, Duration::from_secs(1))
+        .await
+        .unwrap()
+        .expect("four free");
+    assert_eq!(sem.acquired_permits().await.unwrap(), 5);
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            sem.available_permits().await.unwrap() == 4
+        })
+        .await,
+        "the four came back with their lease"
+    );
+    drop(leased);
+
+    // Bad input: typed errors, nothing sent.
+    for n in [0, MAX_PERMITS_AT_ONCE + 1] {
+        let refused = sem.try_acquire_many(n, Duration::ZERO).await;
+        assert!(
+            matches!(refused, Err(Error::InvalidArgument(_))),
+            "{n}: {refused:?}"
+        );
+        let refused = sem.acquire_many(n).await;
+        assert!(
+            matches!(refused, Err(Error::InvalidArgument(_))),
+            "{n}: {refused:?}"
+        );
+    }
+    client.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_released_permit_passes_a_larger_waiter_to_a_smaller_one() {
+    // Two permits, held one by one. A waiter for two parks first, a waiter for one after
+    // it, both in one process: a release ("1") wakes the first, which cannot use it and
+    // passes the wake-up on; the second takes the permit at once, not at its recheck.
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let client = client(&server.url()).await;
+    let sem = client
+        .leased_semaphore("behind")
+        .with_recheck_interval(NO_RECHECK)
+        .unwrap();
+    sem.try_set_permits(2).await.unwrap();
+    let first = sem.acquire().await.unwrap();
+    let _second = sem.acquire().await.unwrap();
+    let quiet = Duration::from_millis(500);
+    let big = {
+        let sem = sem.clone();
+        tokio::spawn(async move { sem.acquire_many(2).await })
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            numsub(&raw, "redisson_sc:{behind}").await == 1
+        })
+        .await
+    );
+    settled_calls(&raw, "evalsha", quiet, Duration::from_secs(30)).await;
+    let small = {
+        let sem = sem.clone();
+        tokio::spawn(async move { sem.acquire().await })
+    };
+    settled_calls(&raw, "evalsha", quiet, Duration::from_secs(30)).await;
+    first.release().await.unwrap();
+    let permit = tokio::time::timeout(Duration::from_secs(20), small)
+        .await
+        .expect("the smaller waiter got the permit by the passed wake-up")
+        .unwrap()
+        .unwrap();
+    assert_eq!(permit.permits(), 1);
+    assert!(!big.is_finished());
+    big.abort();
     client.shutdown().await.unwrap();
 }

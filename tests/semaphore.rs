@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use fred::clients::SubscriberClient;
 use fred::prelude::*;
 use fred::types::Message;
-use redbaton::{Client, Error, Semaphore, MAX_PERMITS};
+use redbaton::{Client, Error, Semaphore, SemaphorePermit, MAX_PERMITS};
 use support::proxy::{Mode, Proxy};
 use support::{command_calls, eventually, numsub, RedisServer};
 
@@ -22,6 +22,12 @@ async fn client(url: &str) -> Client {
 /// Permits one waiter's recheck timer would only give after this long: anything sooner is a
 /// wake-up by message.
 const NO_RECHECK: Duration = Duration::from_secs(120);
+
+/// Whether permits were taken, kept taken (given back by a `release(n)` of the test, as a
+/// Redisson user does).
+fn kept(permit: Option<SemaphorePermit>) -> bool {
+    permit.map(SemaphorePermit::forget).is_some()
+}
 
 async fn get(raw: &fred::clients::Client, key: &str) -> Option<String> {
     raw.get(key).await.unwrap()
@@ -103,9 +109,9 @@ async fn wire_layout_and_messages_match_redisson() {
     assert!(!sem.try_set_permits(5).await.unwrap(), "only once");
     assert_eq!(get(&raw, "slots").await.as_deref(), Some("3"));
 
-    assert!(sem.try_acquire(2).await.unwrap());
+    assert!(kept(sem.try_acquire(2).await.unwrap()));
     assert_eq!(get(&raw, "slots").await.as_deref(), Some("1"));
-    assert!(!sem.try_acquire(2).await.unwrap(), "one left");
+    assert!(!kept(sem.try_acquire(2).await.unwrap()), "one left");
     assert_eq!(sem.available_permits().await.unwrap(), 1);
     sem.release(2).await.unwrap();
     assert_eq!(get(&raw, "slots").await.as_deref(), Some("3"));
@@ -153,7 +159,7 @@ async fn a_release_wakes_exactly_as_many_waiters_as_permits_appeared() {
     for i in 0..5 {
         let (sem, tx) = (sem.clone(), tx.clone());
         tasks.push(tokio::spawn(async move {
-            sem.acquire(1).await.unwrap();
+            sem.acquire(1).await.unwrap().forget();
             tx.send(i).unwrap();
         }));
     }
@@ -205,14 +211,15 @@ async fn waiters_across_processes_are_woken_by_releases() {
     let b = client(&server.url()).await;
     let holder = a.semaphore("cross");
     holder.try_set_permits(2).await.unwrap();
-    assert!(holder.try_acquire(2).await.unwrap());
+    assert!(kept(holder.try_acquire(2).await.unwrap()));
     for waiter_client in [&b, &a] {
         let waiter = waiter_client
             .semaphore("cross")
             .with_recheck_interval(NO_RECHECK)
             .unwrap();
-        assert!(!waiter.try_acquire(1).await.unwrap());
-        let task = tokio::spawn(async move { waiter.acquire(1).await });
+        assert!(!kept(waiter.try_acquire(1).await.unwrap()));
+        let task =
+            tokio::spawn(async move { waiter.acquire(1).await.map(SemaphorePermit::forget) });
         tokio::time::sleep(Duration::from_millis(200)).await;
         holder.release(1).await.unwrap();
         tokio::time::timeout(Duration::from_secs(20), task)
@@ -248,11 +255,12 @@ async fn a_released_permit_reaches_the_waiter_that_can_use_it(same_client: bool)
 
     let before = evalsha_calls(&raw).await;
     let big = sem(&big_client);
-    let big_task = tokio::spawn(async move { big.acquire(2).await });
+    let big_task = tokio::spawn(async move { big.acquire(2).await.map(SemaphorePermit::forget) });
     // Parked before the smaller request comes: first in its process's line for a wake-up.
     let parked = wait_quiet(&raw, before + 1, Duration::from_millis(500)).await;
     let small = sem(small_client);
-    let small_task = tokio::spawn(async move { small.acquire(1).await });
+    let small_task =
+        tokio::spawn(async move { small.acquire(1).await.map(SemaphorePermit::forget) });
     wait_quiet(&raw, parked + 1, Duration::from_millis(500)).await;
     let subscribers = if same_client { 1 } else { 2 };
     assert!(
@@ -346,13 +354,16 @@ async fn at_most_n_permits_are_held_at_any_instant() {
                 for round in 0..25 {
                     let permits = 1 + ((c + t + round) % 2) as u32;
                     if (t + round) % 3 == 0 {
-                        while !sem
-                            .try_acquire_for(permits, Duration::from_millis(fastrand::u64(1..50)))
+                        while !kept(
+                            sem.try_acquire_for(
+                                permits,
+                                Duration::from_millis(fastrand::u64(1..50)),
+                            )
                             .await
-                            .unwrap()
-                        {}
+                            .unwrap(),
+                        ) {}
                     } else {
-                        sem.acquire(permits).await.unwrap();
+                        sem.acquire(permits).await.unwrap().forget();
                     }
                     let from = Instant::now();
                     let now =
@@ -406,12 +417,13 @@ async fn cancelled_and_timed_out_acquires_leave_no_permit_taken() {
                 let permits = 1 + (i % 2) as u32;
                 let cut = Duration::from_micros(fastrand::u64(0..20_000));
                 let got = if i % 3 == 0 {
-                    sem.try_acquire_for(permits, cut).await.unwrap()
+                    kept(sem.try_acquire_for(permits, cut).await.unwrap())
                 } else {
-                    matches!(
-                        tokio::time::timeout(cut, sem.acquire(permits)).await,
-                        Ok(Ok(()))
-                    )
+                    let acquire = sem.acquire(permits);
+                    match tokio::time::timeout(cut, acquire).await {
+                        Ok(permit) => permit.unwrap().forget() == permits,
+                        Err(_) => false,
+                    }
                 };
                 if got {
                     tokio::time::sleep(Duration::from_micros(fastrand::u64(0..2000))).await;
@@ -488,7 +500,7 @@ async fn bad_input_is_refused_with_typed_errors() {
     let sem = client.semaphore("input");
     let too_many = MAX_PERMITS + 1;
     let invalid = |r: Result<(), Error>| matches!(r, Err(Error::InvalidArgument(_)));
-    assert!(invalid(sem.acquire(too_many).await));
+    assert!(invalid(sem.acquire(too_many).await.map(drop)));
     assert!(invalid(sem.try_acquire(too_many).await.map(drop)));
     assert!(invalid(
         sem.try_acquire_for(too_many, Duration::from_secs(1))
@@ -508,12 +520,13 @@ async fn bad_input_is_refused_with_typed_errors() {
 
     // Zero permits, as in Redisson: taken at once and released as a no-op, with no call.
     let before = command_calls(&raw).await;
-    assert!(sem.try_acquire(0).await.unwrap());
+    assert!(kept(sem.try_acquire(0).await.unwrap()));
     assert!(sem
         .try_acquire_for(0, Duration::from_secs(1))
         .await
-        .unwrap());
-    sem.acquire(0).await.unwrap();
+        .unwrap()
+        .is_some());
+    drop(sem.acquire(0).await.unwrap());
     sem.release(0).await.unwrap();
     sem.add_permits(0).await.unwrap();
     let after = command_calls(&raw).await;
@@ -659,10 +672,10 @@ async fn a_redisson_peer_shares_the_permits_both_ways() {
     // The peer takes both; we wait, and the peer's release (its message: the new count)
     // wakes us at once.
     assert!(peer_try_acquire(&raw, &sem, 2).await);
-    assert!(!sem.try_acquire(1).await.unwrap());
+    assert!(!kept(sem.try_acquire(1).await.unwrap()));
     let waiter = {
         let sem = sem.clone();
-        tokio::spawn(async move { sem.acquire(1).await })
+        tokio::spawn(async move { sem.acquire(1).await.map(SemaphorePermit::forget) })
     };
     tokio::time::sleep(Duration::from_millis(200)).await;
     peer_release(&raw, &sem, 1).await;
@@ -683,7 +696,7 @@ async fn a_redisson_peer_shares_the_permits_both_ways() {
     peer_release(&raw, &sem, 1).await; // publishes "0"
     let waiter = {
         let sem = sem.clone();
-        tokio::spawn(async move { sem.acquire(2).await })
+        tokio::spawn(async move { sem.acquire(2).await.map(SemaphorePermit::forget) })
     };
     tokio::time::sleep(Duration::from_millis(200)).await;
     peer_release(&raw, &sem, 2).await; // publishes "2"
@@ -704,9 +717,10 @@ async fn semaphores_work_on_a_cluster() {
     for name in ["pool-a", "pool-b", "{tag}:pool"] {
         let sem = a.semaphore(name);
         assert!(sem.try_set_permits(1).await.unwrap());
-        assert!(sem.try_acquire(1).await.unwrap());
+        assert!(kept(sem.try_acquire(1).await.unwrap()));
         let waiter = b.semaphore(name).with_recheck_interval(NO_RECHECK).unwrap();
-        let task = tokio::spawn(async move { waiter.acquire(1).await });
+        let task =
+            tokio::spawn(async move { waiter.acquire(1).await.map(SemaphorePermit::forget) });
         tokio::time::sleep(Duration::from_millis(300)).await;
         sem.release(1).await.unwrap();
         tokio::time::timeout(Duration::from_secs(20), task)
@@ -738,4 +752,172 @@ async fn semaphores_work_on_a_cluster() {
     }
     a.shutdown().await.unwrap();
     b.shutdown().await.unwrap();
+}
+
+/// A job that takes permits the ordinary way — bound for as long as it runs — and then fails
+/// before it gives them back, as code using `?` does.
+async fn failing_job(sem: &Semaphore) -> redbaton::Result<()> {
+    let _one = sem.acquire(1).await?;
+    let _two = sem.try_acquire_for(2, Duration::from_secs(5)).await?;
+    Err(Error::InvalidArgument("the job failed".to_owned()))
+}
+
+#[tokio::test]
+async fn permits_taken_by_a_job_that_fails_come_back() {
+    // The job's permits are given back when they go out of scope on its error path, as a
+    // tokio permit is: none may leak.
+    let server = RedisServer::start();
+    let client = client(&server.url()).await;
+    let sem = client.semaphore("jobs");
+    sem.try_set_permits(6).await.unwrap();
+    for _ in 0..2 {
+        let job = tokio::time::timeout(Duration::from_secs(30), failing_job(&sem)).await;
+        assert!(matches!(job, Ok(Err(Error::InvalidArgument(_)))), "{job:?}");
+    }
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            sem.available_permits().await.unwrap() == 6
+        })
+        .await,
+        "permits leaked by failed jobs: {} of 6 free",
+        sem.available_permits().await.unwrap()
+    );
+    client.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_is_given_back_by_release_drop_or_cancel_and_kept_by_forget() {
+    let server = RedisServer::start();
+    let client = client(&server.url()).await;
+    let sem = client.semaphore("guarded");
+    sem.try_set_permits(5).await.unwrap();
+
+    // release: back before it returns.
+    let permit = sem.acquire(2).await.unwrap();
+    assert_eq!(permit.permits(), 2);
+    assert_eq!(permit.semaphore_name(), "guarded");
+    assert_eq!(sem.available_permits().await.unwrap(), 3);
+    permit.release().await.unwrap();
+    assert_eq!(sem.available_permits().await.unwrap(), 5);
+
+    // forget keeps them taken; a permit dropped after it comes back, the forgotten ones stay
+    // out until a release(n) gives them back.
+    assert_eq!(sem.acquire(2).await.unwrap().forget(), 2);
+    drop(sem.try_acquire(1).await.unwrap().expect("3 free"));
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            sem.available_permits().await.unwrap() == 3
+        })
+        .await,
+        "the dropped permit came back, the forgotten ones did not: {} free",
+        sem.available_permits().await.unwrap()
+    );
+    sem.release(2).await.unwrap();
+    assert_eq!(sem.available_permits().await.unwrap(), 5);
+
+    // A task holding permits is cancelled: they come back.
+    let (held_tx, held_rx) = tokio::sync::oneshot::channel();
+    let holder = {
+        let sem = sem.clone();
+        tokio::spawn(async move {
+            let _permits = sem.acquire(4).await.unwrap();
+            held_tx.send(()).unwrap();
+            std::future::pending::<()>().await;
+        })
+    };
+    held_rx.await.unwrap();
+    assert_eq!(sem.available_permits().await.unwrap(), 1);
+    holder.abort();
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            sem.available_permits().await.unwrap() == 5
+        })
+        .await,
+        "the cancelled task's permits came back: {} free",
+        sem.available_permits().await.unwrap()
+    );
+
+    // release reports a refusal: the count would pass what a Redisson peer reads.
+    let permit = sem.acquire(1).await.unwrap();
+    sem.add_permits(i64::from(MAX_PERMITS) - 4).await.unwrap();
+    let refused = permit.release().await;
+    assert!(
+        matches!(refused, Err(Error::InvalidArgument(_))),
+        "{refused:?}"
+    );
+    assert_eq!(
+        sem.available_permits().await.unwrap(),
+        i64::from(MAX_PERMITS)
+    );
+    client.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn drain_permits_takes_every_free_permit_as_redisson_does() {
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let client = client(&server.url()).await;
+    let sem = client.semaphore("drained");
+    let (_subscriber, mut messages) = subscribe(&server.url(), "redisson_sc:{drained}").await;
+
+    // No count yet: 0, and none is created.
+    assert_eq!(sem.drain_permits().await.unwrap(), 0);
+    let exists: i64 = raw.exists("drained").await.unwrap();
+    assert_eq!(exists, 0, "nothing created");
+
+    sem.try_set_permits(5).await.unwrap();
+    sem.acquire(2).await.unwrap().forget();
+    let _: () = raw.pexpire("drained", 60_000, None).await.unwrap();
+    assert_eq!(sem.drain_permits().await.unwrap(), 3);
+    assert_eq!(get(&raw, "drained").await.as_deref(), Some("0"));
+    let pttl: i64 = raw.pttl("drained").await.unwrap();
+    assert_eq!(pttl, -1, "the SET clears the expiry, as Redisson's does");
+    assert!(sem.try_acquire(1).await.unwrap().is_none(), "none left");
+
+    // A negative count is raised to 0 and returned as it was.
+    sem.add_permits(-3).await.unwrap();
+    assert_eq!(sem.drain_permits().await.unwrap(), -3);
+    assert_eq!(get(&raw, "drained").await.as_deref(), Some("0"));
+
+    // Nothing published by a drain: only the set's "5".
+    let seen = drain(&mut messages, Duration::from_millis(500)).await;
+    assert_eq!(seen, ["5"]);
+
+    // Another type, or a string that is not a count: refused, left alone.
+    let _: () = raw.set("text", "many", None, None, false).await.unwrap();
+    let refused = client.semaphore("text").drain_permits().await;
+    assert!(
+        matches!(refused, Err(Error::WrongType { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(get(&raw, "text").await.as_deref(), Some("many"));
+    let _: () = raw.lpush("list", "x").await.unwrap();
+    let refused = client.semaphore("list").drain_permits().await;
+    assert!(
+        matches!(refused, Err(Error::WrongType { .. })),
+        "{refused:?}"
+    );
+    client.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn shutdown_gives_back_the_permits_still_held() {
+    // A permit still in scope when the client shuts down (the end of `main`, say): shutdown
+    // gives its permits back, as it releases the locks still held; a forgotten one stays out.
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let client = client(&server.url()).await;
+    let sem = client.semaphore("at-exit");
+    sem.try_set_permits(5).await.unwrap();
+    let held = sem.acquire(2).await.unwrap();
+    sem.acquire(1).await.unwrap().forget();
+    client.shutdown().await.unwrap();
+    assert_eq!(
+        get(&raw, "at-exit").await.as_deref(),
+        Some("4"),
+        "the held permits are back once shutdown returns; the forgotten one is not"
+    );
+    let late = held.release().await;
+    assert!(matches!(late, Err(Error::ShutDown)), "{late:?}");
+    assert_eq!(get(&raw, "at-exit").await.as_deref(), Some("4"));
 }

@@ -281,6 +281,11 @@ impl<K: Kind> Guard<K> {
     pub(crate) fn extra(&self) -> K::Extra {
         self.extra
     }
+
+    /// The hold's field in Redis.
+    pub(crate) fn field(&self) -> &str {
+        &self.hold.field
+    }
 }
 
 /// Runs `f`'s future until it completes or `lost` resolves (a guard's `run`). The loss is

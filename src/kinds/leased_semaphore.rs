@@ -30,8 +30,9 @@ pub(crate) static SCRIPTS: &[&LuaScript] = &[&ACQUIRE, &RELEASE, &RENEW, &STATE]
 /// ends. Made by [`Client::leased_semaphore`](crate::Client::leased_semaphore). Cheap to
 /// clone; `Send + Sync`.
 ///
-/// Each acquire takes one permit and returns a [`LeasedPermit`]: the permit's id, its
-/// lease, and [`lost`](LeasedPermit::lost) like a lock guard's. As with a [`Lock`](crate::Lock),
+/// Each acquire takes one permit — or, with [`acquire_many`](Self::acquire_many) and its
+/// siblings, several at once, all or none — and returns a [`LeasedPermit`]: the permits' ids,
+/// their lease, and [`lost`](LeasedPermit::lost) like a lock guard's. As with a [`Lock`](crate::Lock),
 /// the lease is either the client's watchdog lease, renewed by the client's watchdog for as
 /// long as the permit is held ([`acquire`](Self::acquire)), or a fixed lease that is never
 /// renewed ([`acquire_with_lease`](Self::acquire_with_lease)). Releasing the permit, dropping
@@ -110,7 +111,14 @@ pub(crate) static SCRIPTS: &[&LuaScript] = &[&ACQUIRE, &RELEASE, &RENEW, &STATE]
 pub struct LeasedSemaphore {
     inner: Arc<Inner>,
     recheck: Duration,
+    /// How many permits an acquire through this handle takes together (1 but for the
+    /// handles `acquire_many` and its siblings make).
+    permits: u32,
 }
+
+/// The most permits one [`LeasedSemaphore::acquire_many`] (or its siblings) takes together:
+/// their ids travel in one call and are kept together, 32 hex digits each.
+pub const MAX_PERMITS_AT_ONCE: u32 = 1000;
 
 /// What a permit's hold needs: the keys, the channel, the client.
 struct Inner {
@@ -122,12 +130,15 @@ struct Inner {
     channel: Arc<str>,
 }
 
-/// One permit of a [`LeasedSemaphore`], held until released or dropped (dropping releases it
-/// in a background task, logged at `debug`).
+/// One permit of a [`LeasedSemaphore`] — or several taken together by
+/// [`acquire_many`](LeasedSemaphore::acquire_many) and its siblings — held until released or
+/// dropped (dropping releases it in a background task, logged at `debug`).
 ///
 /// While it lives, the permit may still be *lost*: a fixed lease ran out, someone released it
 /// by its id, or the watchdog could not renew it for a whole lease (Redis unreachable).
-/// [`lost`](LeasedPermit::lost) resolves when that happens.
+/// [`lost`](LeasedPermit::lost) resolves when that happens. Permits taken together are held
+/// and lost together: when one of them is released by its id, the others are not renewed any
+/// more and come back when their lease ends.
 #[must_use = "dropping the permit releases it"]
 pub struct LeasedPermit {
     guard: Guard<LeasedSemaphore>,
@@ -207,6 +218,7 @@ impl LeasedSemaphore {
                 channel,
             }),
             recheck: DEFAULT_RECHECK_INTERVAL,
+            permits: 1,
         }
     }
 
@@ -238,6 +250,7 @@ impl LeasedSemaphore {
         Ok(LeasedSemaphore {
             inner: self.inner.clone(),
             recheck: check_recheck(every)?,
+            permits: self.permits,
         })
     }
 
@@ -247,6 +260,7 @@ impl LeasedSemaphore {
     /// # Cancel safety
     ///
     /// Dropping the future takes no permit (see the type's documentation).
+    #[must_use = "dropping the permit releases it at once; bind it (`let _permit = ...`) for as long as it must be held"]
     pub async fn acquire(&self) -> Result<LeasedPermit> {
         let permit = self.take(None, Lease::Watchdog).await?;
         Ok(permit.expect("waiting without a deadline ends only in a permit or an error"))
@@ -259,6 +273,7 @@ impl LeasedSemaphore {
     /// # Cancel safety
     ///
     /// As [`acquire`](Self::acquire).
+    #[must_use = "dropping the permit releases it at once; bind it (`let _permit = ...`) for as long as it must be held"]
     pub async fn acquire_with_lease(&self, lease: Duration) -> Result<LeasedPermit> {
         let lease = Lease::Fixed(lease_millis(lease)?);
         let permit = self.take(None, lease).await?;
@@ -270,6 +285,7 @@ impl LeasedSemaphore {
     /// # Cancel safety
     ///
     /// As [`acquire`](Self::acquire).
+    #[must_use = "dropping the permit releases it at once; bind it (`let _permit = ...`) for as long as it must be held"]
     pub async fn try_acquire(&self) -> Result<Option<LeasedPermit>> {
         self.take(Some(Duration::ZERO), Lease::Watchdog).await
     }
@@ -281,6 +297,7 @@ impl LeasedSemaphore {
     /// # Cancel safety
     ///
     /// As [`acquire`](Self::acquire).
+    #[must_use = "dropping the permit releases it at once; bind it (`let _permit = ...`) for as long as it must be held"]
     pub async fn try_acquire_for(&self, wait: Duration) -> Result<Option<LeasedPermit>> {
         self.take(Some(wait), Lease::Watchdog).await
     }
@@ -290,6 +307,7 @@ impl LeasedSemaphore {
     /// # Cancel safety
     ///
     /// As [`acquire`](Self::acquire).
+    #[must_use = "dropping the permit releases it at once; bind it (`let _permit = ...`) for as long as it must be held"]
     pub async fn try_acquire_with_lease(
         &self,
         wait: Duration,
@@ -297,6 +315,73 @@ impl LeasedSemaphore {
     ) -> Result<Option<LeasedPermit>> {
         let lease = Lease::Fixed(lease_millis(lease)?);
         self.take(Some(wait), lease).await
+    }
+
+    /// Takes `permits` permits together, all or none (Redisson's `acquire(permits)`), waiting
+    /// as long as it takes; the watchdog renews their lease until they are released. They are
+    /// one [`LeasedPermit`], with an id each ([`ids`](LeasedPermit::ids)).
+    ///
+    /// Refused with [`Error::InvalidArgument`] for 0 or more than [`MAX_PERMITS_AT_ONCE`].
+    /// There is no queue: a request for many permits can starve behind requests for few.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire`](Self::acquire).
+    #[must_use = "dropping the permit releases it at once; bind it (`let _permit = ...`) for as long as it must be held"]
+    pub async fn acquire_many(&self, permits: u32) -> Result<LeasedPermit> {
+        let permit = self.taking(permits)?.take(None, Lease::Watchdog).await?;
+        Ok(permit.expect("waiting without a deadline ends only in a permit or an error"))
+    }
+
+    /// Waits up to `wait` for `permits` permits taken together, all or none (renewed by the
+    /// watchdog): `None` when the wait ran out. `Duration::ZERO` is one attempt (Redisson's
+    /// `tryAcquire(permits)`); `Duration::MAX` waits forever. Refused as
+    /// [`acquire_many`](Self::acquire_many) is.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire`](Self::acquire).
+    #[must_use = "dropping the permit releases it at once; bind it (`let _permit = ...`) for as long as it must be held"]
+    pub async fn try_acquire_many(
+        &self,
+        permits: u32,
+        wait: Duration,
+    ) -> Result<Option<LeasedPermit>> {
+        self.taking(permits)?
+            .take(Some(wait), Lease::Watchdog)
+            .await
+    }
+
+    /// Waits up to `wait` for `permits` permits taken together for a fixed `lease` (never
+    /// renewed), all or none (Redisson's `tryAcquire(permits, wait, lease, unit)`; with
+    /// `Duration::MAX` for `wait`, its `acquire(permits, lease, unit)`). Refused as
+    /// [`acquire_many`](Self::acquire_many) is.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire`](Self::acquire).
+    #[must_use = "dropping the permit releases it at once; bind it (`let _permit = ...`) for as long as it must be held"]
+    pub async fn try_acquire_many_with_lease(
+        &self,
+        permits: u32,
+        wait: Duration,
+        lease: Duration,
+    ) -> Result<Option<LeasedPermit>> {
+        let lease = Lease::Fixed(lease_millis(lease)?);
+        self.taking(permits)?.take(Some(wait), lease).await
+    }
+
+    /// This handle, taking `permits` permits together.
+    fn taking(&self, permits: u32) -> Result<LeasedSemaphore> {
+        if permits == 0 || permits > MAX_PERMITS_AT_ONCE {
+            return Err(Error::InvalidArgument(format!(
+                "{permits} permits at once: between 1 and {MAX_PERMITS_AT_ONCE} are taken together"
+            )));
+        }
+        Ok(LeasedSemaphore {
+            permits,
+            ..self.clone()
+        })
     }
 
     async fn take(&self, wait: Option<Duration>, lease: Lease) -> Result<Option<LeasedPermit>> {
@@ -347,37 +432,82 @@ impl LeasedSemaphore {
     /// The number of free permits now, after reclaiming every permit whose lease ended (0
     /// when the semaphore has no count yet).
     pub async fn available_permits(&self) -> Result<i64> {
-        Ok(self.state().await?.0)
+        Ok(self.state(None).await?.0)
     }
 
     /// The number of permits taken now (by anyone), after reclaiming every permit whose
     /// lease ended.
     pub async fn acquired_permits(&self) -> Result<u64> {
-        Ok(self.state().await?.1)
+        Ok(self.state(None).await?.1)
     }
 
-    async fn state(&self) -> Result<(i64, u64)> {
+    /// Sets the lease of the permit `id`, whoever took it, to end `lease` from now — longer
+    /// or shorter than it was (Redisson's `updateLeaseTime(permitId, lease, unit)`): `true`
+    /// when the permit was held, `false` when there is no such permit or its lease had
+    /// already ended (it is reclaimed then, never revived, as Redisson does). Every permit
+    /// whose lease ended is reclaimed first. Refused with [`Error::InvalidArgument`] for a
+    /// lease shorter than 1 ms or longer than [`MAX_LEASE`](crate::MAX_LEASE).
+    ///
+    /// Meant for permits held by id (a Java peer's, or one known only by its id). A
+    /// [`LeasedPermit`] of this client keeps its own view: the watchdog goes on renewing a
+    /// watchdog-leased one (a renewal never shortens a lease, so a shorter one lasts until
+    /// the next renewal), and a fixed-lease one still reports [`lost`](LeasedPermit::lost)
+    /// when its first lease ends, after which it is no longer released by its guard — the
+    /// permit then comes back when the new lease ends.
+    pub async fn update_lease_time(&self, id: &PermitId, lease: Duration) -> Result<bool> {
+        let lease_ms = lease_millis(lease)?;
+        Ok(self.state(Some((id, lease_ms))).await?.2)
+    }
+
+    /// Reclaims every permit whose lease ended, then counts the free and the taken permits —
+    /// and, given `(id, lease)`, sets that permit's lease if it is still held.
+    async fn state(&self, update: Option<(&PermitId, i64)>) -> Result<(i64, u64, bool)> {
         let inner = &self.inner;
         let named = &inner.named;
         named.check()?;
         let conn = &named.client.conn;
         let keys = [&*inner.counter, &*named.key];
-        let args = vec![
+        let mut args = vec![
             Value::from(conn.publish_command()),
             Value::from(&*inner.channel),
         ];
-        let (free, taken): (i64, i64) = conn
+        if let Some((id, lease_ms)) = update {
+            args.extend([Value::from(id.to_string()), Value::from(lease_ms)]);
+        }
+        let (free, taken, updated): (i64, i64, i64) = conn
             .eval(&STATE, &keys, args)
             .await
             .map_err(|e| named.error(&e))?;
-        Ok((free, taken.max(0) as u64))
+        Ok((free, taken.max(0) as u64, updated == 1))
     }
 }
 
 impl LeasedPermit {
-    /// The permit's id (as Redisson would show it: 32 hex digits).
+    /// The permit's id (as Redisson would show it: 32 hex digits); of permits taken together,
+    /// the first one's (see [`ids`](Self::ids)).
     pub fn id(&self) -> PermitId {
         self.guard.extra()
+    }
+
+    /// The ids of the permits it holds: one, or those taken together, in the order taken.
+    pub fn ids(&self) -> Vec<PermitId> {
+        let field = self.guard.field();
+        let hexes = field.rsplit(':').next().unwrap_or_default();
+        hexes
+            .as_bytes()
+            .chunks(32)
+            .map(|hex| {
+                std::str::from_utf8(hex)
+                    .ok()
+                    .and_then(|hex| hex.parse().ok())
+                    .expect("a permit's field ends in its ids, made here")
+            })
+            .collect()
+    }
+
+    /// How many permits it holds (1, or as many as were taken together).
+    pub fn permits(&self) -> u32 {
+        self.ids().len() as u32
     }
 
     /// Gives the permit back and wakes a waiter.
@@ -389,7 +519,9 @@ impl LeasedPermit {
     ///
     /// # Cancel safety
     ///
-    /// Dropping the future finishes the release in the background.
+    /// Calling `release` gives the permit back whether or not its future is awaited to the
+    /// end: dropped before its first poll, the future drops the permit, which releases it in
+    /// the background; dropped once polled, the release is finished in the background.
     pub async fn release(self) -> Result<()> {
         self.guard.unlock().await
     }
@@ -436,11 +568,17 @@ impl Kind for LeasedSemaphore {
         None
     }
 
-    /// A new permit for each acquire: `<client id>:<random permit id in hex>`, so that the
-    /// holds registry knows the permit as this client's own (an acquire whose outcome is
-    /// unknown is settled by releasing the id).
+    /// New permits for each acquire: `<client id>:<random permit id in hex>`, the ids one
+    /// after the other when several are taken together, so that the holds registry knows the
+    /// permits as this client's own (an acquire whose outcome is unknown is settled by
+    /// releasing the ids).
     fn field(&self, _owner: Arc<str>) -> Arc<str> {
-        format!("{}:{}", self.inner.named.client.id, PermitId::random()).into()
+        use std::fmt::Write;
+        let mut field = format!("{}:", self.inner.named.client.id);
+        for _ in 0..self.permits {
+            write!(field, "{}", PermitId::random()).expect("writing to a String");
+        }
+        field.into()
     }
 
     fn channel(&self, _field: &Arc<str>) -> (Arc<str>, Wake) {
@@ -470,6 +608,11 @@ impl Kind for LeasedSemaphore {
             return Err(malformed());
         };
         let recheck_ms = self.recheck.as_millis() as u64;
+        let refused = |ms: Option<i64>| match ms {
+            Some(ms) if ms > 0 => Ok((ms as u64).min(recheck_ms)),
+            Some(_) => Ok(recheck_ms),
+            None => Err(malformed()),
+        };
         match parts.first().and_then(Value::as_i64) {
             Some(1) => {
                 let id = parts
@@ -482,11 +625,10 @@ impl Kind for LeasedSemaphore {
                     extra: id,
                 })
             }
-            Some(0) => match parts.get(1).and_then(Value::as_i64) {
-                Some(ms) if ms > 0 => Ok(Reply::Held((ms as u64).min(recheck_ms))),
-                Some(_) => Ok(Reply::Held(recheck_ms)),
-                None => Err(malformed()),
-            },
+            Some(0) => Ok(Reply::Held(refused(parts.get(1).and_then(Value::as_i64))?)),
+            Some(-1) => Ok(Reply::TooFew(refused(
+                parts.get(1).and_then(Value::as_i64),
+            )?)),
             _ => Err(malformed()),
         }
     }

@@ -18,9 +18,11 @@ lua_script!(ACQUIRE, "semaphore/acquire.lua");
 lua_script!(RELEASE, "semaphore/release.lua");
 lua_script!(SET_PERMITS, "semaphore/set_permits.lua");
 lua_script!(ADD_PERMITS, "semaphore/add_permits.lua");
+lua_script!(DRAIN, "semaphore/drain.lua");
 
 /// Scripts of the semaphores, loaded at connect.
-pub(crate) static SCRIPTS: &[&LuaScript] = &[&ACQUIRE, &RELEASE, &SET_PERMITS, &ADD_PERMITS];
+pub(crate) static SCRIPTS: &[&LuaScript] =
+    &[&ACQUIRE, &RELEASE, &SET_PERMITS, &ADD_PERMITS, &DRAIN];
 
 /// Prefix of a semaphore's channel (Redisson's `redisson_sc`), shared by both semaphores.
 pub(crate) const CHANNEL_PREFIX: &str = "redisson_sc";
@@ -44,15 +46,22 @@ pub const MAX_RECHECK_INTERVAL: Duration = Duration::from_secs(3600);
 ///
 /// # Permits are not owned
 ///
-/// **A permit belongs to nobody.** Taking one decrements a counter in Redis; giving one
-/// back increments it — from any task, any process, whether or not it took one. Nothing
-/// records who holds what, so nothing can give back the permits of a holder that crashed,
-/// hung or forgot: **they are lost for good** (until someone calls
-/// [`add_permits`](Self::add_permits) or [`release`](Self::release) for them). And a
-/// [`release`](Self::release) by a caller that took nothing creates permits out of thin air.
-/// This is Redisson's `RSemaphore`, faithfully. When holders can die, use a
-/// [`LeasedSemaphore`](crate::LeasedSemaphore): its permits have ids and leases, and come
-/// back when their holder stops renewing them.
+/// Taking permits returns a [`SemaphorePermit`]: dropping it — at the end of its scope, on an
+/// error path, when its task is cancelled — gives them back (in a background task), as a
+/// `tokio::sync::SemaphorePermit` does; [`SemaphorePermit::release`] gives them back and
+/// reports errors; [`SemaphorePermit::forget`] keeps them taken, for code that gives them
+/// back later with [`release`](Self::release) (Redisson's way).
+/// [`Client::shutdown`](crate::Client::shutdown) gives back those still held.
+///
+/// That guard lives in this process only. **In Redis a permit belongs to nobody.** Taking
+/// one decrements a counter; giving one back increments it — from any task, any process,
+/// whether or not it took one. Nothing records who holds what, so nothing can give back the
+/// permits of a process that crashed or hung, or that forgot permits it was told to keep:
+/// **they are lost for good** (until someone calls [`add_permits`](Self::add_permits) or
+/// [`release`](Self::release) for them). And a [`release`](Self::release) by a caller that
+/// took nothing creates permits out of thin air. This is Redisson's `RSemaphore`, faithfully.
+/// When holders can die, use a [`LeasedSemaphore`](crate::LeasedSemaphore): its permits have
+/// ids and leases, and come back when their holder stops renewing them.
 ///
 /// # Waiting
 ///
@@ -98,13 +107,18 @@ pub const MAX_RECHECK_INTERVAL: Duration = Duration::from_secs(3600);
 /// let crawlers = client.semaphore("crawler-slots");
 /// crawlers.try_set_permits(4).await?;     // once; false if already set
 ///
-/// crawlers.acquire(1).await?;             // waits for a free permit
-/// // ... crawl; if this process dies here, the permit is lost for good ...
-/// crawlers.release(1).await?;
+/// let permit = crawlers.acquire(1).await?; // waits for a free permit
+/// // ... crawl; an error here drops `permit`, which gives it back; if this process dies
+/// // here, the permit is lost for good ...
+/// permit.release().await?;                 // or drop it: given back in the background
 ///
-/// if crawlers.try_acquire_for(2, Duration::from_secs(1)).await? {
-///     crawlers.release(2).await?;
+/// if let Some(permits) = crawlers.try_acquire_for(2, Duration::from_secs(1)).await? {
+///     permits.release().await?;
 /// }
+///
+/// // Redisson's way: taken here, given back later by whoever finishes the job.
+/// crawlers.acquire(1).await?.forget();
+/// crawlers.release(1).await?;
 /// # client.shutdown().await }
 /// ```
 #[derive(Clone)]
@@ -190,42 +204,48 @@ impl Semaphore {
         parse_count(named, value)
     }
 
-    /// Takes `permits` permits, waiting as long as it takes. `0` returns at once.
+    /// Takes `permits` permits, waiting as long as it takes; they are held until the
+    /// [`SemaphorePermit`] is released, dropped or [forgotten](SemaphorePermit::forget). `0`
+    /// returns at once.
     ///
     /// # Cancel safety
     ///
     /// Dropping the future takes no permit (see the type's documentation).
-    pub async fn acquire(&self, permits: u32) -> Result<()> {
+    #[must_use = "dropping the permit gives its permits back at once; bind it (`let _permit = ...`) for as long as they must be held"]
+    pub async fn acquire(&self, permits: u32) -> Result<SemaphorePermit> {
         let taken = self.take(permits, None).await?;
-        debug_assert!(
-            taken,
-            "waiting without a deadline ends only in permits or an error"
-        );
-        Ok(())
+        Ok(taken.expect("waiting without a deadline ends only in permits or an error"))
     }
 
-    /// One attempt, no waiting: `true` when `permits` permits were taken. `0` is `true`
-    /// with no call to Redis, as in Redisson.
+    /// One attempt, no waiting: the permits when `permits` were free, `None` when not. `0`
+    /// is taken with no call to Redis, as in Redisson.
     ///
     /// # Cancel safety
     ///
     /// As [`acquire`](Self::acquire).
-    pub async fn try_acquire(&self, permits: u32) -> Result<bool> {
+    #[must_use = "dropping the permit gives its permits back at once; bind it (`let _permit = ...`) for as long as they must be held"]
+    pub async fn try_acquire(&self, permits: u32) -> Result<Option<SemaphorePermit>> {
         self.take(permits, Some(Duration::ZERO)).await
     }
 
-    /// Waits up to `wait` for `permits` permits: `true` when taken, `false` when the wait ran
-    /// out. `Duration::MAX` waits forever; `Duration::ZERO` is
-    /// [`try_acquire`](Self::try_acquire).
+    /// Waits up to `wait` for `permits` permits: `None` when the wait ran out.
+    /// `Duration::MAX` waits forever; `Duration::ZERO` is [`try_acquire`](Self::try_acquire).
     ///
     /// # Cancel safety
     ///
     /// As [`acquire`](Self::acquire).
-    pub async fn try_acquire_for(&self, permits: u32, wait: Duration) -> Result<bool> {
+    #[must_use = "dropping the permit gives its permits back at once; bind it (`let _permit = ...`) for as long as they must be held"]
+    pub async fn try_acquire_for(
+        &self,
+        permits: u32,
+        wait: Duration,
+    ) -> Result<Option<SemaphorePermit>> {
         self.take(permits, Some(wait)).await
     }
 
-    /// Gives `permits` permits back and wakes as many waiters. `0` does nothing.
+    /// Gives `permits` permits back and wakes as many waiters. `0` does nothing. This is the
+    /// way back for permits [forgotten](SemaphorePermit::forget) or
+    /// [drained](Self::drain_permits); a [`SemaphorePermit`] gives its own back.
     ///
     /// Anyone may release, whether or not it acquired: releasing more than was taken raises
     /// the number of permits for good — up to [`MAX_PERMITS`] free: a release past it is
@@ -233,27 +253,46 @@ impl Semaphore {
     ///
     /// # Cancel safety
     ///
-    /// Once called, the release is carried out even if the future is dropped; an
-    /// [`Error::Timeout`] likewise does not mean it did not happen.
+    /// Once the future is polled, the release is carried out even if it is then dropped (a
+    /// future dropped before its first poll does nothing); an [`Error::Timeout`] likewise
+    /// does not mean it did not happen.
     pub async fn release(&self, permits: u32) -> Result<()> {
-        let named = &self.inner.named;
-        named.check()?;
+        self.inner.named.check()?;
         check_count(permits, "permits")?;
-        if permits == 0 {
-            return Ok(());
-        }
-        let conn = &named.client.conn;
-        Finish::new(give_back(self.inner.clone(), permits), conn)
-            .await
-            .map(drop)
+        release(self.inner.clone(), permits).await
     }
 
-    async fn take(&self, permits: u32, wait: Option<Duration>) -> Result<bool> {
+    /// Takes every free permit at once (Redisson's `drainPermits`): the count becomes 0, and
+    /// the number there was is returned (0 when the semaphore has no count yet, which is left
+    /// unset). The drained permits are taken by nobody in particular, as Redisson's are: give
+    /// them back with [`release`](Self::release), or they are gone. A count that was negative
+    /// (after [`add_permits`](Self::add_permits) took more than there were) is raised to 0
+    /// and returned as it was, as Redisson (and `java.util.concurrent.Semaphore`) do.
+    ///
+    /// Like Redisson's, it clears any expiry set on the key and publishes nothing (no permit
+    /// became free).
+    #[must_use = "the drained permits are taken: give them back with `release(n)` or they are gone"]
+    pub async fn drain_permits(&self) -> Result<i64> {
+        let named = &self.inner.named;
+        named.check()?;
+        let conn = &named.client.conn;
+        // A counted call, never re-sent blind: a second run would drain permits released in
+        // between, which nobody would give back.
+        let call = conn.call(&DRAIN, &[&named.key], vec![]);
+        let reply = bounded(call, conn)
+            .await
+            .map_err(|failed| failed.to_error(conn, named.name()))?;
+        reply
+            .as_i64()
+            .ok_or_else(|| Error::Redis(format!("unexpected drain reply for {:?}", named.name())))
+    }
+
+    async fn take(&self, permits: u32, wait: Option<Duration>) -> Result<Option<SemaphorePermit>> {
         let named = &self.inner.named;
         named.check()?;
         check_count(permits, "permits")?;
         if permits == 0 {
-            return Ok(true);
+            return Ok(Some(SemaphorePermit::new(self.inner.clone(), 0)));
         }
         let attempts = SemaphoreAttempts {
             inner: self.inner.clone(),
@@ -261,9 +300,20 @@ impl Semaphore {
             recheck_ms: self.recheck.as_millis() as u64,
         };
         let span = tracing::trace_span!("acquire", semaphore = %named.name(), permits);
-        let taken = traced(wait_for(attempts, wait), span).await?;
-        Ok(taken.map(Taken::keep).is_some())
+        traced(wait_for(attempts, wait), span).await
     }
+}
+
+/// Gives `permits` (already checked) back, as a call whose caller may leave: once polled, the
+/// round trip is finished in the background if it is dropped or times out.
+async fn release(inner: Arc<Inner>, permits: u32) -> Result<()> {
+    if permits == 0 {
+        return Ok(());
+    }
+    let conn = inner.named.client.conn.clone();
+    Finish::new(give_back(inner, permits), &conn)
+        .await
+        .map(drop)
 }
 
 /// Refuses a number of permits Redisson could not hold.
@@ -368,34 +418,132 @@ fn out_of_range(named: &Named, change: &str) -> Error {
     ))
 }
 
-/// Permits taken by an acquire round trip: given back when dropped unless kept — so a round
-/// trip whose caller left (dropped, timed out) gives its permits back.
-struct Taken {
+/// Permits taken from a [`Semaphore`], given back when this is dropped (in a background
+/// task, logged at `debug`) — at the end of its scope, on an error path, when the task
+/// holding it is cancelled — or by [`release`](Self::release), which reports errors.
+/// [`forget`](Self::forget) keeps them taken. Like `tokio::sync::SemaphorePermit`, but the
+/// permits are in Redis: a process that dies holding them loses them for good (see
+/// [`Semaphore`]).
+///
+/// [`Client::shutdown`](crate::Client::shutdown) gives back the permits of every
+/// `SemaphorePermit` of the client still alive, as it releases the locks still held.
+#[must_use = "dropping the permit gives its permits back at once; bind it (`let _permit = ...`) for as long as they must be held"]
+pub struct SemaphorePermit {
     inner: Arc<Inner>,
+    /// How many permits it holds.
     permits: u32,
-    kept: bool,
+    /// Its entry in the client's outstanding permits; `None` once settled (released,
+    /// dropped, forgotten), and for no permits.
+    ticket: Option<u64>,
 }
 
-impl Taken {
-    fn keep(mut self) {
-        self.kept = true;
+/// Gives back `permits` of a [`SemaphorePermit`] still alive when its client shuts down.
+async fn shutdown_gives_back(inner: Arc<Inner>, permits: u32) -> Option<Error> {
+    let outcome = give_back(inner.clone(), permits).await;
+    match &outcome {
+        Ok(_) => {
+            tracing::warn!(semaphore = %inner.named.name(), permits, "shutdown gave back semaphore permits still held")
+        }
+        Err(e) => {
+            tracing::warn!(semaphore = %inner.named.name(), permits, error = %e, "shutdown could not give back semaphore permits; they are lost")
+        }
+    }
+    outcome.err()
+}
+
+impl SemaphorePermit {
+    /// `permits` taken, given back by shutdown until they are settled.
+    fn new(inner: Arc<Inner>, permits: u32) -> SemaphorePermit {
+        let ticket = (permits > 0).then(|| {
+            let owner = inner.clone();
+            inner.named.client.outstanding_permits.insert(
+                permits,
+                Box::new(move |permits| Box::pin(shutdown_gives_back(owner, permits))),
+            )
+        });
+        SemaphorePermit {
+            inner,
+            permits,
+            ticket,
+        }
+    }
+
+    /// Takes the permits out of the client's outstanding ones: how many are still to give
+    /// back (0 when shutdown gave them back already, or for none).
+    fn settle(&mut self) -> u32 {
+        self.ticket
+            .take()
+            .and_then(|ticket| self.inner.named.client.outstanding_permits.remove(ticket))
+            .unwrap_or(0)
+    }
+
+    /// How many permits it holds.
+    pub fn permits(&self) -> u32 {
+        self.permits
+    }
+
+    /// The name of the semaphore the permits were taken from.
+    pub fn semaphore_name(&self) -> &str {
+        self.inner.named.name()
+    }
+
+    /// Gives the permits back and wakes as many waiters.
+    ///
+    /// Refused with [`Error::InvalidArgument`] when the count of free permits would pass
+    /// [`MAX_PERMITS`] (others released or added permits meanwhile): then the permits are
+    /// not given back. If Redis does not confirm the release within the command timeout, the
+    /// error is returned and the release goes on in the background. [`Error::ShutDown`] after
+    /// the client shut down: shutdown gave the permits back.
+    ///
+    /// # Cancel safety
+    ///
+    /// Calling `release` gives the permits back whether or not its future is awaited to the
+    /// end: dropped before its first poll, the future drops the permit, which gives them back
+    /// in the background; dropped once polled, the release round trip is finished in the
+    /// background.
+    pub async fn release(mut self) -> Result<()> {
+        let permits = self.settle();
+        if permits == 0 && self.permits > 0 {
+            // Shutdown gave them back.
+            return Err(Error::ShutDown);
+        }
+        release(self.inner.clone(), permits).await
+    }
+
+    /// Keeps the permits taken and drops the guard: nothing gives them back but a
+    /// [`Semaphore::release`] (from any task or process), as with Redisson's `acquire`.
+    /// Returns how many were kept.
+    pub fn forget(mut self) -> u32 {
+        self.settle();
+        self.permits
     }
 }
 
-impl Drop for Taken {
+impl Drop for SemaphorePermit {
     fn drop(&mut self) {
-        if self.kept {
+        // Also the end of an acquire whose caller left (dropped, timed out): its permits,
+        // taken after all, come back the same way.
+        let permits = self.settle();
+        if permits == 0 {
             return;
         }
         let inner = self.inner.clone();
-        let permits = self.permits;
-        tracing::debug!(semaphore = %inner.named.name(), permits, "an acquire took permits after its caller left; giving them back");
+        tracing::debug!(semaphore = %inner.named.name(), permits, "semaphore permits dropped; giving them back in the background");
         let runtime = inner.named.client.conn.runtime().clone();
         runtime.spawn(async move {
             if let Err(e) = give_back(inner.clone(), permits).await {
-                tracing::warn!(semaphore = %inner.named.name(), permits, error = %e, "could not give back permits taken by an abandoned acquire");
+                tracing::warn!(semaphore = %inner.named.name(), permits, error = %e, "could not give back dropped semaphore permits; they are lost");
             }
         });
+    }
+}
+
+impl std::fmt::Debug for SemaphorePermit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SemaphorePermit")
+            .field("semaphore", &self.semaphore_name())
+            .field("permits", &self.permits)
+            .finish()
     }
 }
 
@@ -431,7 +579,7 @@ struct SemaphoreAttempts {
 }
 
 impl Attempts for SemaphoreAttempts {
-    type Output = Taken;
+    type Output = SemaphorePermit;
 
     fn client(&self) -> &ClientInner {
         &self.inner.named.client
@@ -453,14 +601,14 @@ impl Attempts for SemaphoreAttempts {
         )
     }
 
-    fn attempt(&mut self) -> impl Future<Output = Result<Try<Taken>>> + Send {
+    fn attempt(&mut self) -> impl Future<Output = Result<Try<SemaphorePermit>>> + Send {
         let round_trip = take(self.inner.clone(), self.permits, self.recheck_ms);
         Finish::new(round_trip, &self.inner.named.client.conn)
     }
 }
 
 /// One acquire round trip.
-async fn take(inner: Arc<Inner>, permits: u32, recheck_ms: u64) -> Result<Try<Taken>> {
+async fn take(inner: Arc<Inner>, permits: u32, recheck_ms: u64) -> Result<Try<SemaphorePermit>> {
     let named = &inner.named;
     let conn = &named.client.conn;
     let call = conn.call(
@@ -476,22 +624,25 @@ async fn take(inner: Arc<Inner>, permits: u32, recheck_ms: u64) -> Result<Try<Ta
                     tracing::warn!(semaphore = %named.name(), permits, "the connection broke with an acquire in flight: its permits may be taken and cannot be given back");
                 }
                 // Taken on the primary only: it does not count; dropping them gives them back.
-                Failed::Unreplicated { reply, .. } if reply.as_i64() == Some(1) => drop(Taken {
-                    inner: inner.clone(),
-                    permits,
-                    kept: false,
-                }),
+                Failed::Unreplicated { reply, .. } if reply.as_i64() == Some(1) => {
+                    drop(SemaphorePermit::new(inner.clone(), permits))
+                }
                 _ => {}
             }
             return Err(failed.to_error(conn, named.name()));
         }
     };
     match reply.as_i64() {
-        Some(1) => Ok(Try::Got(Taken {
-            inner: inner.clone(),
-            permits,
-            kept: false,
-        })),
+        Some(1) => {
+            let permit = SemaphorePermit::new(inner.clone(), permits);
+            if conn.is_closed() {
+                // Taken while the client shuts down, maybe after it gave back the permits
+                // still held: given back here.
+                drop(permit);
+                return Err(Error::ShutDown);
+            }
+            Ok(Try::Got(permit))
+        }
         Some(0) => Ok(Try::Busy(recheck_ms)),
         Some(-1) => Ok(Try::TooFew(recheck_ms)),
         _ => Err(Error::Redis(format!(
