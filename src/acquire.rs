@@ -271,7 +271,6 @@ pub(crate) fn wait_for<A: Attempts>(
             // The group's message count when this waiter last looked: any wake-up is news to
             // it until it has looked once.
             let mut seen = subscription.messages().wrapping_sub(1);
-            let mut woken = false;
             let mut passed = false;
             let mut failing_since: Option<Instant> = None;
             loop {
@@ -295,12 +294,16 @@ pub(crate) fn wait_for<A: Attempts>(
                         Some(output) => Ok(Try::Got(output)),
                         None => waiter.attempts.attempt().await,
                     };
+                    let woken = subscription.holds_wake_up();
                     if woken || passed {
                         recording.woken(matches!(tried, Ok(Try::Got(_))));
                     }
-                    if woken && matches!(tried, Ok(Try::TooFew(_))) {
-                        // Woken for permits too few for it: a smaller request may use them.
-                        subscription.pass_on();
+                    match &tried {
+                        // Used: the lock is its, or taken by a holder whose release will wake.
+                        Ok(Try::Got(_) | Try::Busy(_)) => subscription.used_wake_up(),
+                        // Woken for permits too few for it (a smaller request may use them), or
+                        // the attempt failed: the next waiter may fare better.
+                        Ok(Try::TooFew(_)) | Err(_) => subscription.pass_on(),
                     }
                     match tried {
                         Ok(Try::Got(output)) => {
@@ -317,9 +320,6 @@ pub(crate) fn wait_for<A: Attempts>(
                         }
                         Err(e) if e.is_transient() => {
                             // Parked waiters ride out a restart or failover, within a bound.
-                            if woken {
-                                subscription.pass_on();
-                            }
                             let since = *failing_since.get_or_insert_with(Instant::now);
                             if since.elapsed() > waiter.attempts.client().holds.watchdog_lease() {
                                 break 'wait Err(e);
@@ -329,12 +329,7 @@ pub(crate) fn wait_for<A: Attempts>(
                             unreplicated =
                                 matches!(e, Error::NotReplicated { .. }).then(|| Box::new(e));
                         }
-                        Err(e) => {
-                            if woken {
-                                subscription.pass_on();
-                            }
-                            break 'wait Err(e);
-                        }
+                        Err(e) => break 'wait Err(e),
                     }
                 }
                 if let Some(why) = subscription.channel().refused() {
@@ -343,7 +338,6 @@ pub(crate) fn wait_for<A: Attempts>(
                     )));
                 }
                 recheck = true;
-                woken = false;
                 passed = false;
                 if past(waiter.deadline) {
                     break 'wait unreplicated.map_or(Ok(None), |e| Err(*e));
@@ -364,15 +358,15 @@ pub(crate) fn wait_for<A: Attempts>(
                 tokio::select! {
                     biased;
                     _ = baton_acted(&ticket) => passed = true,
-                    _ = subscription.notified(seen) => woken = true,
+                    _ = subscription.notified(seen) => subscription.took_wake_up(),
                     _ = hub.regenerated(generation) => {}
                     _ = tokio::time::sleep(bound) => {}
                 }
                 if waiter.attempts.client().conn.is_closed() {
                     break 'wait Err(Error::ShutDown);
                 }
-                if woken && past(waiter.deadline) {
-                    subscription.pass_on();
+                if subscription.holds_wake_up() && past(waiter.deadline) {
+                    // Leaving: the subscription passes the wake-up on as it goes.
                     break 'wait unreplicated.map_or(Ok(None), |e| Err(*e));
                 }
             }

@@ -208,11 +208,18 @@ pub(crate) struct Hub {
     closed: AtomicBool,
 }
 
-/// A waiter's registration on a channel; dropping it releases the shared subscription.
+/// A waiter's registration on a channel; dropping it releases the shared subscription, and
+/// passes on a wake-up the waiter took and did not use.
 pub(crate) struct Subscription {
     hub: Arc<Hub>,
     channel: Arc<Channel>,
     group: Arc<Group>,
+    /// The waiter took a wake-up ([`took_wake_up`](Self::took_wake_up)) and has not used it
+    /// yet. Kept here, not by the wait loop, so that however the waiter leaves — dropped
+    /// while the re-check it was woken for is in flight included (that re-check finishes in
+    /// the background, and its answer reaches nobody who could pass the wake-up on) — the
+    /// wake-up goes to the next waiter.
+    unused: AtomicBool,
 }
 
 impl Subscription {
@@ -237,15 +244,34 @@ impl Subscription {
         &self.group.batons
     }
 
-    /// Hands a wake-up this waiter received but will not use to the next waiter.
+    /// A message woke this waiter: it holds the wake-up until it uses it or passes it on.
+    pub(crate) fn took_wake_up(&self) {
+        self.unused.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether this waiter holds a wake-up it has not used yet.
+    pub(crate) fn holds_wake_up(&self) -> bool {
+        self.unused.load(Ordering::Relaxed)
+    }
+
+    /// The waiter's look used the wake-up it held, if any.
+    pub(crate) fn used_wake_up(&self) {
+        self.unused.store(false, Ordering::Relaxed);
+    }
+
+    /// Hands the wake-up this waiter holds, if any, to the next waiter: it will not use it.
     pub(crate) fn pass_on(&self) {
-        tracing::trace!(channel = %self.channel.name, "passing a wake-up on");
-        self.group.wakes.pass_on(self.channel.wake);
+        if self.unused.swap(false, Ordering::Relaxed) {
+            tracing::trace!(channel = %self.channel.name, "passing a wake-up on");
+            self.group.wakes.pass_on(self.channel.wake);
+        }
     }
 }
 
 impl Drop for Subscription {
     fn drop(&mut self) {
+        // While this waiter still counts among the group's.
+        self.pass_on();
         {
             let mut groups = self.channel.groups.lock();
             if self.group.wakes.leave() == 0 {
@@ -350,6 +376,7 @@ impl Hub {
             hub: self.clone(),
             channel,
             group,
+            unused: AtomicBool::new(false),
         }
     }
 
