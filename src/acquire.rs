@@ -210,8 +210,9 @@ pub(crate) fn wait_for<A: Attempts>(
                 let (channel_name, group_key, wake) = waiter.attempts.channel();
                 // The hub is borrowed where it is used, not kept.
                 let hub = &waiter.attempts.client().hub;
-                // If the channel is already subscribed and confirmed before the first attempt, any
-                // release after that attempt reaches this process: the re-check can be skipped.
+                // If the channel is already subscribed and confirmed before the first attempt, and
+                // no message came before this waiter's group was registered, any release after
+                // that attempt reaches it: the re-check can be skipped.
                 let early = hub.confirmed_channel(&channel_name);
                 let generation = hub.generation();
 
@@ -240,8 +241,9 @@ pub(crate) fn wait_for<A: Attempts>(
                 let hub = &waiter.attempts.client().hub;
                 let subscription = hub.subscribe(&channel_name, &group_key, wake);
                 recording.waiting(&group_key);
-                let skip_recheck = early.is_some_and(|ch| Arc::ptr_eq(&ch, subscription.channel()))
-                    && hub.generation() == generation;
+                let skip_recheck = early.is_some_and(|(ch, delivered)| {
+                    Arc::ptr_eq(&ch, subscription.channel()) && ch.delivered() == delivered
+                }) && hub.generation() == generation;
                 (
                     held_for,
                     unreplicated,

@@ -22,7 +22,7 @@
 //! may have been lost: the hub then bumps its *generation* and every waiter re-checks.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -52,6 +52,10 @@ pub(crate) struct Channel {
     refused: Mutex<Option<String>>,
     /// The waiter groups, by key. Few per channel (usually one).
     groups: Mutex<Vec<Arc<Group>>>,
+    /// Messages delivered so far (wrapping), counted before the groups are read: a waiter
+    /// that registers its group after a message was delivered sees the count moved (see
+    /// [`Hub::confirmed_channel`]).
+    delivered: AtomicU32,
 }
 
 /// The waiters of one key on a channel.
@@ -118,6 +122,11 @@ impl Channel {
         self.confirmed.load(Ordering::Acquire)
     }
 
+    /// The messages delivered on this channel so far (wrapping).
+    pub(crate) fn delivered(&self) -> u32 {
+        self.delivered.load(Ordering::Acquire)
+    }
+
     /// The server's refusal of this subscription, if it refused it.
     pub(crate) fn refused(&self) -> Option<String> {
         self.refused.lock().clone()
@@ -142,6 +151,8 @@ impl Channel {
 
     /// Applies a message to every group.
     fn deliver(&self, message: &Value) {
+        // Before the groups are read: a group registered after they were is told by the count.
+        self.delivered.fetch_add(1, Ordering::AcqRel);
         let Some(text) = message.as_str() else { return };
         let groups = self.groups.lock().clone();
         match (self.wake, &*text) {
@@ -343,6 +354,7 @@ impl Hub {
                     confirm: Notify::new(),
                     refused: Mutex::new(None),
                     groups: Mutex::new(Vec::new()),
+                    delivered: AtomicU32::new(0),
                 });
                 let _ = self.ops.send(Op::Subscribe(channel.clone()));
                 Slot {
@@ -380,12 +392,18 @@ impl Hub {
         }
     }
 
-    /// The channel's current registration if its subscription is already confirmed.
-    pub(crate) fn confirmed_channel(&self, name: &str) -> Option<Arc<Channel>> {
+    /// The channel's current registration if its subscription is already confirmed, with
+    /// its [`delivered`](Channel::delivered) count. A waiter that notes both before its first
+    /// attempt, and after registering finds the same channel (still confirmed: same
+    /// generation) with the same count, missed no release after that attempt: none was
+    /// delivered before its group was there to receive it. A message delivered meanwhile
+    /// went only to the groups then registered — another key's, when two names share the
+    /// channel (`x` and `{x}`) — so that waiter must re-check.
+    pub(crate) fn confirmed_channel(&self, name: &str) -> Option<(Arc<Channel>, u32)> {
         self.channels
             .get(name)
             .filter(|slot| slot.channel.is_confirmed())
-            .map(|slot| slot.channel.clone())
+            .map(|slot| (slot.channel.clone(), slot.channel.delivered()))
     }
 
     /// The baton queue of `key`'s waiters on channel `name`, if any wait here.
@@ -757,6 +775,7 @@ mod tests {
             confirm: Notify::new(),
             refused: Mutex::new(None),
             groups: Mutex::new(vec![group.clone()]),
+            delivered: AtomicU32::new(0),
         };
         (channel, group)
     }

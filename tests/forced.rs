@@ -368,3 +368,95 @@ async fn a_semaphore_waiter_dropped_during_its_recheck_passes_the_wake_up_on() {
     );
     client.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_between_the_first_attempt_and_registration_on_a_shared_channel_wakes() {
+    // `x` and `{x}` share `redisson_lock__channel:{x}`. A waiter of `x` keeps the channel
+    // subscribed and confirmed, so a waiter of `{x}` may skip its re-check: it then relies on
+    // every release after its first attempt reaching it. Here `{x}` is released after that
+    // attempt ran but before its refusal reached the waiter (the proxy holds the reply), so
+    // the message comes while the waiter is not registered yet.
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let proxy = Proxy::start(server.port).await;
+    let client = Client::builder()
+        .url(proxy.url())
+        .command_timeout(Duration::from_secs(10))
+        .connect()
+        .await
+        .unwrap();
+    for name in ["x", "{x}"] {
+        support::command(
+            &raw,
+            "HSET",
+            vec![name.into(), "elsewhere:1".into(), "1".into()],
+        )
+        .await;
+        support::command(&raw, "PEXPIRE", vec![name.into(), "60000".into()]).await;
+    }
+    let scripts = || async {
+        command_calls(&raw)
+            .await
+            .get("evalsha")
+            .copied()
+            .unwrap_or(0)
+    };
+    let base = scripts().await;
+    let lock = client.lock("x");
+    let x_waiter = tokio::spawn(async move { lock.try_lock_for(Duration::from_secs(90)).await });
+    // Its first attempt and its re-check (after the subscription was confirmed) ran.
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            scripts().await >= base + 2
+        })
+        .await
+    );
+
+    proxy.set(Mode::CommandRepliesHeld);
+    let lock = client.lock("{x}");
+    let braced_waiter = tokio::spawn(async move {
+        let guard = lock.lock().await.unwrap();
+        let got = Instant::now();
+        guard.unlock().await.unwrap();
+        got
+    });
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            scripts().await >= base + 3
+        })
+        .await,
+        "the first attempt on {{x}} did not run"
+    );
+    // `{x}` is released as its holder would: the hash goes, the channel hears `0`.
+    let before_release = scripts().await;
+    let released = Instant::now();
+    support::command(&raw, "DEL", vec!["{x}".into()]).await;
+    support::command(
+        &raw,
+        "PUBLISH",
+        vec!["redisson_lock__channel:{x}".into(), "0".into()],
+    )
+    .await;
+    // The message reached the hub: it woke the waiter of `x`, whose re-check ran.
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            scripts().await > before_release
+        })
+        .await,
+        "the release's message did not reach the client"
+    );
+    proxy.set(Mode::Open);
+
+    let got = tokio::time::timeout(Duration::from_secs(90), braced_waiter)
+        .await
+        .expect("the waiter of {x} still parked 90 s on")
+        .unwrap();
+    assert!(
+        got.duration_since(released) < Duration::from_secs(10),
+        "the release was missed: the waiter of {{x}} got it {:?} after it (the lock's \
+         expiry was 60 s)",
+        got.duration_since(released)
+    );
+    x_waiter.abort();
+    client.shutdown().await.unwrap();
+}

@@ -2,6 +2,7 @@
 //! fault between one client and a real `redis-server`.
 #![allow(dead_code)]
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -24,6 +25,10 @@ pub enum Mode {
     /// Forwards both ways, but holds each chunk of the server's replies for this long first:
     /// a slow network on the way back.
     RepliesDelayed(std::time::Duration),
+    /// Holds the server's replies on every connection but the pub/sub ones (those that sent a
+    /// `SUBSCRIBE`), until the mode changes: a command has run, and its caller hears back only
+    /// after messages published meanwhile have arrived.
+    CommandRepliesHeld,
 }
 
 /// A proxy on `127.0.0.1:<port>` in front of `127.0.0.1:<target>`; stops on drop.
@@ -56,17 +61,18 @@ impl Proxy {
                 let _ = server.set_nodelay(true);
                 let (client_read, client_write) = client.into_split();
                 let (server_read, server_write) = server.into_split();
+                let pubsub = Arc::new(AtomicBool::new(false));
                 tokio::spawn(pump(
                     client_read,
                     server_write,
                     accept_mode.subscribe(),
-                    false,
+                    Way::Requests(pubsub.clone()),
                 ));
                 tokio::spawn(pump(
                     server_read,
                     client_write,
                     accept_mode.subscribe(),
-                    true,
+                    Way::Replies(pubsub),
                 ));
             }
         });
@@ -95,33 +101,56 @@ impl Drop for Proxy {
     }
 }
 
-/// Waits while stalled; `false` once cut.
-async fn wait_open(mode: &mut watch::Receiver<Mode>) -> bool {
-    loop {
-        let now = *mode.borrow_and_update();
-        match now {
-            Mode::Open | Mode::RepliesLost | Mode::RepliesDelayed(_) => return true,
-            Mode::Cut => return false,
-            Mode::Stalled => {
-                if mode.changed().await.is_err() {
-                    return false;
-                }
-            }
+/// One direction of a connection; both know whether the connection is a pub/sub one (it
+/// sent a `SUBSCRIBE`).
+enum Way {
+    Requests(Arc<AtomicBool>),
+    Replies(Arc<AtomicBool>),
+}
+
+impl Way {
+    fn replies(&self) -> bool {
+        matches!(self, Way::Replies(_))
+    }
+
+    /// Whether `mode` holds this direction's bytes.
+    fn held(&self, mode: Mode) -> bool {
+        match (mode, self) {
+            (Mode::Stalled, _) => true,
+            (Mode::CommandRepliesHeld, Way::Replies(pubsub)) => !pubsub.load(Ordering::Acquire),
+            _ => false,
         }
     }
 }
 
-/// Copies one direction until EOF, an error, or a cut. `replies` marks the server-to-client
-/// direction, which `Mode::RepliesLost` drops.
+/// Waits while this direction is held; `false` once cut.
+async fn wait_open(mode: &mut watch::Receiver<Mode>, way: &Way) -> bool {
+    loop {
+        let now = *mode.borrow_and_update();
+        match now {
+            Mode::Cut => return false,
+            now if way.held(now) => {
+                if mode.changed().await.is_err() {
+                    return false;
+                }
+            }
+            _ => return true,
+        }
+    }
+}
+
+/// Copies one direction until EOF, an error, or a cut. `Mode::RepliesLost` drops the
+/// server-to-client direction.
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     mut mode: watch::Receiver<Mode>,
-    replies: bool,
+    way: Way,
 ) {
+    let replies = way.replies();
     let mut buf = vec![0u8; 16 * 1024];
     loop {
-        if !wait_open(&mut mode).await {
+        if !wait_open(&mut mode, &way).await {
             return;
         }
         let n = tokio::select! {
@@ -137,8 +166,17 @@ async fn pump(
                 continue;
             }
         };
+        if let Way::Requests(pubsub) = &way {
+            // The command's name as RESP sends it: a script's text that mentions subscribing
+            // (SCRIPT LOAD) does not make a connection a pub/sub one.
+            let chunk = &buf[..n];
+            let sent = |name: &[u8]| chunk.windows(name.len()).any(|w| w == name);
+            if sent(b"$9\r\nSUBSCRIBE\r\n") || sent(b"$10\r\nSSUBSCRIBE\r\n") {
+                pubsub.store(true, Ordering::Release);
+            }
+        }
         // Bytes read just before a stall are held until it ends (or dropped on a cut).
-        if !wait_open(&mut mode).await {
+        if !wait_open(&mut mode, &way).await {
             return;
         }
         if replies && *mode.borrow() == Mode::RepliesLost {
