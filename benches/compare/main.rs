@@ -21,8 +21,9 @@
 //! Times come from `CLOCK_MONOTONIC`, which every process on the host shares, so hand-offs
 //! between processes are measured on one clock.
 
+#[path = "../fred_client.rs"]
 mod fred_client;
-#[path = "../tests/support/mod.rs"]
+#[path = "../../tests/support/mod.rs"]
 mod support;
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -390,8 +391,8 @@ impl Ctx {
             }
             Kind::Scripts => {
                 let redis = fred_client(url).await;
-                let acquire = Script::from_lua(include_str!("../lua/lock/acquire.lua"));
-                let release = Script::from_lua(include_str!("../lua/lock/release.lua"));
+                let acquire = Script::from_lua(include_str!("../../lua/lock/acquire.lua"));
+                let release = Script::from_lua(include_str!("../../lua/lock/release.lua"));
                 acquire.load(&redis).await.expect("script load");
                 release.load(&redis).await.expect("script load");
                 Ctx::Scripts {
@@ -1086,8 +1087,8 @@ async fn uncontended(server: &RedisServer, opts: &Opts, out: &mut String) -> Flo
         trivial.load(&redis).await.expect("load");
         let sha = trivial.sha1().to_string();
         // redbaton's own two scripts sent raw: the server-side cost of its protocol.
-        let lock_script = Script::from_lua(include_str!("../lua/lock/acquire.lua"));
-        let unlock_script = Script::from_lua(include_str!("../lua/lock/release.lua"));
+        let lock_script = Script::from_lua(include_str!("../../lua/lock/acquire.lua"));
+        let unlock_script = Script::from_lua(include_str!("../../lua/lock/release.lua"));
         lock_script.load(&redis).await.expect("load");
         unlock_script.load(&redis).await.expect("load");
         let mut samples: HashMap<&'static str, Vec<u64>> = HashMap::new();
