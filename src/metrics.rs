@@ -60,7 +60,7 @@
 //! | `redbaton::acquire` | trace | span `acquire` (fields `lock`, `owner`) around every acquire call; `waiting`, `acquired` |
 //! | `redbaton::acquire` | debug | acquired after a wake-up (with the wait), retries after an error or an unreplicated acquire, a subscription not confirmed in time |
 //! | `redbaton::acquire` | info / warn | a call of unknown outcome settled (info); an owner holding more than its guards account for, a settle or undo that failed (warn) |
-//! | `redbaton::guard` | trace / debug / warn | `released`; a guard dropped without `unlock()`, a background release; a release given up (the lease ends it) |
+//! | `redbaton::acquire::guard` | trace / debug / warn | `released`; a guard dropped without `unlock()`, a background release; a release given up (the lease ends it) |
 //! | `redbaton::holds` | warn | `lock lease lost`, with `why` |
 //! | `redbaton::watchdog` | trace / warn | `renewed`; renewal failed, round timed out, renewal not acknowledged by replicas |
 //! | `redbaton::hub` | trace | messages received and the wake-ups they cause |
@@ -68,7 +68,7 @@
 //! | `redbaton::conn` | debug / warn | `NOSCRIPT` reloads, cluster redirects (debug); a failed `WAIT` (warn) |
 //! | `redbaton::client` | debug / warn | connected, shut down (debug); a hold still held at shutdown, released (warn) |
 //! | `redbaton::kinds::*` | info | `force-unlocked` |
-//! | `redbaton::semaphore` | trace / debug / warn | span `acquire` (fields `semaphore`, `permits`); permits given back after an abandoned acquire; a broken connection with a permit call in flight |
+//! | `redbaton::kinds::semaphore` | trace / debug / warn | span `acquire` (fields `semaphore`, `permits`); permits given back after an abandoned acquire; a broken connection with a permit call in flight |
 //! | `redbaton::multilock`, `redbaton::redlock` | trace / debug | parts busy, released, or granted late |
 
 #[cfg(feature = "metrics")]
