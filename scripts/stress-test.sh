@@ -57,7 +57,7 @@ done
 echo "$busy busy loops running (pids ${busy_pids[*]})"
 
 # "<test file>::<test name>" for every failed test in a libtest log; the file comes from
-# cargo's "Running tests/lock.rs (target/...)" line before each test binary's output.
+# cargo's "Running tests/lock/main.rs (target/...)" line before each test binary's output.
 failures_in() {
     awk '
         /^ *Running / { bin = $2; if (bin == "unittests") bin = $3; next }

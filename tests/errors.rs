@@ -7,7 +7,7 @@
 //! - "Failed to route command." (`Unknown`): no connection to write on; never sent.
 //! - "Too many failed write attempts." (`Unknown`): a command fred tried to write a second
 //!   time — after a MOVED (did not run), but also one it moved from a broken connection into
-//!   its retry buffer during a slot-map sync (may have run: see `tests/cluster.rs`).
+//!   its retry buffer during a slot-map sync (may have run: see `tests/cluster/scripts_once.rs`).
 //! - "Max attempts reached." (`Routing`): an ASK redirect; it also ends fred's router task,
 //!   so the client never answers again.
 //! - With `max_redirections = 0` both MOVED and ASK answer "Too many redirections."
@@ -421,7 +421,7 @@ async fn a_lock_on_a_migrating_slot_leaves_the_client_working() {
 /// fred 10.1 also answers "Too many failed write attempts." for a command that ran: one
 /// in flight on a connection that a slot-map sync finds broken (`clustered::sync` →
 /// `drop_broken_connections` → retry buffer → a second write, refused). The text alone thus
-/// does not say "did not run". (The same race through redbaton: `tests/cluster.rs`,
+/// does not say "did not run". (The same race through redbaton: `tests/cluster/scripts_once.rs`,
 /// `a_script_in_flight_when_a_cluster_resync_finds_its_connection_reset_runs_once`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fred_says_too_many_failed_write_attempts_for_a_script_that_ran() {

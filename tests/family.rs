@@ -1,13 +1,13 @@
-//! The lock family's conformance suite (tests/support/family.rs): every invariant of
+//! The lock family's conformance suite (tests/support/family/): every invariant of
 //! DESIGN.md that all lock kinds share, one test each, run against every kind. What is
-//! special to a kind is tested in its own file (tests/lock.rs, tests/fenced.rs, ...).
+//! special to a kind is tested in its own file (tests/lock/, tests/fenced.rs, ...).
 //!
-//! Adding a kind: describe it in the catalog at the end of tests/support/family.rs, then add
-//! its line here.
+//! Adding a kind: describe it in the catalog at the end of tests/support/family/mod.rs, then
+//! add its line here.
 
 mod support;
 
-#[path = "support/family.rs"]
+#[path = "support/family/mod.rs"]
 mod family;
 
 use family::conformance;

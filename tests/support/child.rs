@@ -1,5 +1,5 @@
 //! Tests that run part of themselves in a child process: the test re-executes its own binary
-//! with `--exact <its name>` and an argument in [`CHILD_ENV`], and run that way it does the
+//! with `--exact <its full name>` and an argument in [`CHILD_ENV`], and run that way it does the
 //! child's part instead of its check ([`child_arg`] tells which). There is no separate entry
 //! point for the child: an `#[ignore]`d one would pass as an empty test under
 //! `--include-ignored`.
@@ -19,7 +19,18 @@ impl Drop for ChildProcess {
     }
 }
 
-/// Runs the test `test` of this binary (the caller itself) as a child process with `arg`.
+/// The name the test harness gives test `name` of the module `module` (pass `module_path!()`):
+/// what `--exact` matches is the path below the crate root, so a test in a module of a split
+/// test binary is `topic::name`.
+pub fn test_name(module: &str, name: &str) -> String {
+    match module.split_once("::") {
+        Some((_crate, path)) => format!("{path}::{name}"),
+        None => name.to_owned(),
+    }
+}
+
+/// Runs the test `test` of this binary (the caller itself; its full name, see [`test_name`]) as
+/// a child process with `arg`.
 pub fn spawn_child(test: &str, arg: &str) -> ChildProcess {
     let child = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", test, "--nocapture", "--test-threads=1"])

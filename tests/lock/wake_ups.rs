@@ -1,0 +1,278 @@
+//! Wake-ups: by the unlock message, one per process, only once subscribed, passed on.
+
+use super::*;
+
+/// A client whose watchdog renews only every 100 s, so that renewal scripts stay out of
+/// EVALSHA counts taken over a few seconds.
+async fn rarely_renewing_client(server: &RedisServer) -> Client {
+    short_lease_client(server, Duration::from_secs(300)).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_are_woken_by_unlock_without_polling() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let holder = rarely_renewing_client(&server).await;
+    let waiter_client = rarely_renewing_client(&server).await;
+    let guard = holder.lock("wake").lock().await.unwrap();
+    let before = command_calls(&raw).await;
+    let waiter = support::spawn_waiter(waiter_client.lock("wake"));
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            numsub(&raw, "redisson_lock__channel:{wake}").await == 1
+        })
+        .await,
+        "the waiter subscribes"
+    );
+    // Parked for 1.5 s against a 30 s lease: a poller would show many attempts.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let released_at = Instant::now();
+    guard.unlock().await.unwrap();
+    let acquired_at = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    let handoff = acquired_at.into_std().duration_since(released_at);
+    // Woken by the message: far sooner than the 30 s lease, generously bounded.
+    assert!(handoff < Duration::from_secs(5), "wake-up took {handoff:?}");
+    let after = command_calls(&raw).await;
+    let delta = |c: &str| after.get(c).copied().unwrap_or(0) - before.get(c).copied().unwrap_or(0);
+    // waiter: attempt, subscribe + ping, re-check, attempt after wake, unlock;
+    // holder: unlock; plus the INFO call itself.
+    assert!(delta("evalsha") <= 5, "evalsha calls {}", delta("evalsha"));
+    assert_eq!(delta("subscribe"), 1);
+    holder.shutdown().await.unwrap();
+    waiter_client.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_woken_waiter_that_gives_up_passes_the_wake_up_on() {
+    let server = RedisServer::start();
+    let holder = client(&server).await;
+    let waiters = client(&server).await;
+    let guard = holder.lock("passon").lock().await.unwrap();
+    // Waiter 1 gives up right at the moment of the release; waiter 2 waits on.
+    let lock1 = waiters.lock("passon");
+    let quitter = tokio::spawn(async move { lock1.try_lock_for(Duration::from_millis(800)).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let lock2 = waiters.lock("passon");
+    let stayer = tokio::spawn(async move {
+        let g = lock2.lock().await.unwrap();
+        let t = Instant::now();
+        g.unlock().await.unwrap();
+        t
+    });
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let released = Instant::now();
+    guard.unlock().await.unwrap();
+    let _ = quitter.await.unwrap();
+    let acquired = tokio::time::timeout(Duration::from_secs(20), stayer)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        acquired.duration_since(released) < Duration::from_secs(5),
+        "the wake-up was lost: waited {:?} (the lease is 30 s)",
+        acquired.duration_since(released)
+    );
+    holder.shutdown().await.unwrap();
+    waiters.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unlock_wakes_one_waiter_per_process_not_all() {
+    // Invariant 4: ten parked waiters of one process; one release wakes one of them, which
+    // takes the lock — the other nine stay parked and send nothing.
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let holder = rarely_renewing_client(&server).await;
+    let waiters = rarely_renewing_client(&server).await;
+    let guard = holder.lock("wake-one").lock().await.unwrap();
+    let evalsha = |calls: HashMap<String, u64>| calls.get("evalsha").copied().unwrap_or(0);
+    let base = evalsha(command_calls(&raw).await);
+    let (acquired_tx, mut acquired_rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut tasks = Vec::new();
+    for _ in 0..10 {
+        let lock = waiters.lock("wake-one");
+        let acquired_tx = acquired_tx.clone();
+        tasks.push(tokio::spawn(async move {
+            let guard = lock.lock().await.unwrap();
+            acquired_tx.send(()).unwrap();
+            // Keep it: the other waiters must stay parked while it is held.
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            drop(guard);
+        }));
+    }
+    // Every waiter has made its attempts and parked: each has tried at least once, and
+    // nothing more reaches the server.
+    assert!(
+        eventually(Duration::from_secs(15), || async {
+            evalsha(command_calls(&raw).await) >= base + 10
+        })
+        .await,
+        "every waiter made its first attempt"
+    );
+    let quiet = Duration::from_millis(500);
+    let bound = Duration::from_secs(15);
+    let before = support::settled_calls(&raw, "evalsha", quiet, bound).await;
+    guard.unlock().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), acquired_rx.recv())
+        .await
+        .expect("one waiter is woken")
+        .unwrap();
+    let after = support::settled_calls(&raw, "evalsha", quiet, bound).await;
+    // The holder's unlock and the woken waiter's winning attempt; a wake-all would add nine.
+    assert_eq!(after - before, 2, "evalsha calls after one release");
+    assert!(acquired_rx.try_recv().is_err(), "only one waiter holds it");
+    for t in &tasks {
+        t.abort();
+    }
+    holder.shutdown().await.unwrap();
+    waiters.shutdown().await.unwrap();
+}
+
+/// A line of `MONITOR` output: (client address, command words).
+fn monitor_line(line: &str) -> Option<(String, Vec<String>)> {
+    let rest = line.split_once(" [")?.1;
+    let (who, args) = rest.split_once("] ")?;
+    let addr = who.split_whitespace().nth(1)?.to_owned();
+    let mut words: Vec<String> = args
+        .split("\" \"")
+        .map(|w| w.trim_matches('"').to_owned())
+        .collect();
+    // Commands are shown as sent: fred sends them in upper case, scripts in lower case.
+    words[0] = words[0].to_ascii_lowercase();
+    Some((addr, words))
+}
+
+fn parsed_lines(lines: &[String]) -> Vec<(String, Vec<String>)> {
+    lines.iter().filter_map(|l| monitor_line(l)).collect()
+}
+
+/// Positions in `parsed` of acquire attempts on `key`: EVALSHAs of the lock script (one key
+/// and two arguments, lease and owner; the unlock script has six) sent by a client, not from
+/// inside a script.
+fn lock_attempts(parsed: &[(String, Vec<String>)], key: &str) -> Vec<usize> {
+    parsed
+        .iter()
+        .enumerate()
+        .filter(|(_, (addr, w))| {
+            addr != "lua"
+                && w[0] == "evalsha"
+                && w.get(2).map(String::as_str) == Some("1")
+                && w.get(3).map(String::as_str) == Some(key)
+                && w.len() == 6
+        })
+        .map(|(i, _)| i)
+        .collect()
+}
+
+/// Reads MONITOR output into `lines` until it shows `n` acquire attempts on `key`, or 10 s
+/// passed (the caller's assertions then say what is missing).
+async fn monitor_until(
+    lines: &mut Vec<String>,
+    rx: &std::sync::mpsc::Receiver<String>,
+    key: &str,
+    n: usize,
+) {
+    let started = Instant::now();
+    while lock_attempts(&parsed_lines(lines), key).len() < n
+        && started.elapsed() < Duration::from_secs(10)
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        lines.extend(rx.try_iter());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_rechecks_only_after_its_subscription_is_confirmed() {
+    // Invariant 2, as the server saw it (MONITOR): the waiter's first attempt, then the
+    // SUBSCRIBE and the barrier PING on the subscriber connection, and only then its re-check.
+    use std::io::BufRead;
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let holder = client(&server).await;
+    let guard = holder.lock("ordered").lock().await.unwrap();
+    let mut monitor = std::process::Command::new("redis-cli")
+        .args(["-p", &server.port.to_string(), "monitor"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("redis-cli");
+    let stdout = monitor.stdout.take().unwrap();
+    let (lines_tx, lines_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if lines_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    // MONITOR is live once it shows a marker command.
+    let mut lines = Vec::new();
+    let started = Instant::now();
+    while !lines.iter().any(|l: &String| l.contains("monitor-marker")) {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "MONITOR did not start"
+        );
+        let _: Option<String> = raw.get("monitor-marker").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        lines.extend(lines_rx.try_iter());
+    }
+    let waiters = client(&server).await;
+    let waiter = support::spawn_waiter(waiters.lock("ordered"));
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            numsub(&raw, "redisson_lock__channel:{ordered}").await == 1
+        })
+        .await
+    );
+    // Release only once the waiter has made its re-check (the attempt before parking): a
+    // release before it would let the re-check win, and nothing would be left to wake. On a
+    // loaded machine that can take a while after the subscription.
+    monitor_until(&mut lines, &lines_rx, "ordered", 2).await;
+    guard.unlock().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    // Its winning attempt reaches MONITOR's output.
+    monitor_until(&mut lines, &lines_rx, "ordered", 3).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let _ = monitor.kill();
+    let _ = monitor.wait();
+    lines.extend(lines_rx.try_iter());
+
+    let parsed = parsed_lines(&lines);
+    let attempts = lock_attempts(&parsed, "ordered");
+    let subscribe = parsed
+        .iter()
+        .position(|(_, w)| w[0] == "subscribe" && w[1] == "redisson_lock__channel:{ordered}")
+        .expect("the waiter subscribed");
+    let subscriber = &parsed[subscribe].0;
+    let barrier = subscribe
+        + parsed[subscribe..]
+            .iter()
+            .position(|(addr, w)| addr == subscriber && w[0] == "ping")
+            .expect("a barrier PING on the subscriber connection");
+    assert_eq!(
+        attempts.len(),
+        3,
+        "attempt, re-check, attempt after the wake-up: {attempts:?}"
+    );
+    assert!(attempts[0] < subscribe, "first attempt before subscribing");
+    assert!(
+        barrier < attempts[1],
+        "the re-check ({}) came before the subscription was confirmed ({barrier})",
+        attempts[1]
+    );
+    holder.shutdown().await.unwrap();
+    waiters.shutdown().await.unwrap();
+}
