@@ -23,6 +23,7 @@
 //! until it is used). Each lock kind has the same acquire methods (`lock`, `lock_with_lease`,
 //! `try_lock`, `try_lock_for`, `try_lock_with_lease`) and `run`, and its guard releases on
 //! [`unlock`](Guard::unlock) or on drop and reports a lost lease through [`lost`](Guard::lost).
+//! Code generic over the kinds is written over [`Kind`] (a `Guard<K>` for any `K: Kind`).
 //!
 //! | kind | made by | what it is |
 //! | --- | --- | --- |
@@ -228,7 +229,7 @@ pub use config::{
     DEFAULT_FAIR_LOCK_WAIT, DEFAULT_WATCHDOG_LEASE, MAX_LEASE, MIN_WATCHDOG_LEASE,
 };
 pub use error::{Error, Result};
-pub use kind::MAX_NAME_LEN;
+pub use kind::{Kind, MAX_NAME_LEN};
 pub use kinds::fair::{FairGuard, FairLock};
 pub use kinds::fenced::{FencedGuard, FencedLock};
 pub use kinds::leased_semaphore::{LeasedPermit, LeasedSemaphore, PermitId, MAX_PERMITS_AT_ONCE};
