@@ -36,7 +36,8 @@
 //! | [`MultiLock`] | [`MultiLock::new`] over [`Lock`]s | several locks, all or nothing, never waiting while it holds some: deadlock-free (guard: [`MultiLockGuard`]) |
 //! | [`RedLock`] | [`RedLock::new`] over [`Lock`]s | one lock per independent Redis master, held while a majority is (guard: [`RedLockGuard`]) |
 //!
-//! Inspection: [`Lock::state`] (owners with their counts, the remaining lease, subscribers),
+//! Inspection: [`Lock::state`] and [`ReadWriteLock::state`] (each [`Holder`]: an owner with its
+//! count; a read/write lock's mode; the remaining lease; subscribers),
 //! `is_locked`, `hold_count`, `remaining_ttl`, [`FairLock::queued`]. Settings: [`Config`] and
 //! [`Client::builder`].
 //!
@@ -241,7 +242,7 @@ pub use kinds::semaphore::{
 
 /// A hold of a [`Lock`].
 pub type LockGuard = Guard<Lock>;
-pub use kinds::state::LockState;
+pub use kinds::state::{Holder, LockState, ReadWriteMode};
 pub use multilock::{MultiLock, MultiLockGuard, RedLockGuard};
 pub use owner::Owner;
 pub use redlock::RedLock;
