@@ -33,8 +33,8 @@
 //! | [`FencedLock`] | [`Client::fenced_lock`] | a [`Lock`] whose every acquisition carries a fencing token, for stores that must refuse a stale holder (guard: [`FencedGuard`]) |
 //! | [`Semaphore`] | [`Client::semaphore`] | a counter of permits that belong to nobody in Redis: a process that dies holding some keeps them for good (permits: [`SemaphorePermit`], given back on drop) |
 //! | [`LeasedSemaphore`] | [`Client::leased_semaphore`] | permits with ids and leases, renewed by the watchdog like locks (permit: [`LeasedPermit`]) |
-//! | [`MultiLock`] | [`MultiLock::new`] over [`Lock`]s | several locks, all or nothing, never waiting while it holds some: deadlock-free (guard: [`MultiLockGuard`]) |
-//! | [`RedLock`] | [`RedLock::new`] over [`Lock`]s | one lock per independent Redis master, held while a majority is (guard: [`RedLockGuard`]) |
+//! | [`MultiLock`] | [`MultiLock::new`] over [`Lock`]s, [`MultiLock::of`] over another [`Exclusive`] kind | several locks, all or nothing, never waiting while it holds some: deadlock-free (guard: [`MultiLockGuard`]) |
+//! | [`RedLock`] | [`RedLock::new`] over [`Lock`]s, [`RedLock::of`] over another [`Exclusive`] kind | one lock per independent Redis master, held while a majority is (guard: [`RedLockGuard`]) |
 //!
 //! Inspection: [`Lock::state`] and [`ReadWriteLock::state`] (each [`Holder`]: an owner with its
 //! count; a read/write lock's mode; the remaining lease; subscribers),
@@ -243,7 +243,7 @@ pub use kinds::semaphore::{
 /// A hold of a [`Lock`].
 pub type LockGuard = Guard<Lock>;
 pub use kinds::state::{Holder, LockState, ReadWriteMode};
-pub use multilock::{MultiLock, MultiLockGuard, RedLockGuard};
+pub use multilock::{Exclusive, MultiLock, MultiLockGuard, RedLockGuard};
 pub use owner::Owner;
 pub use redlock::RedLock;
 
