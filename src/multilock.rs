@@ -47,10 +47,11 @@ impl Exclusive for WriteLock {}
 /// # Ok(()) }
 /// ```
 ///
-/// A multi-lock is a client-side composition of ordinary [`Lock`]s — any mix of names and
+/// A multi-lock is a client-side composition of ordinary locks — any mix of names and
 /// clients, so of Redis servers too. It adds nothing to Redis: each part is a plain
-/// Redisson-compatible lock, renewed by its own client's watchdog and released by its own
-/// guard.
+/// Redisson-compatible lock of its kind, renewed by its own client's watchdog and released by
+/// its own guard. [`MultiLock::new`] takes [`Lock`]s; [`MultiLock::of`] takes the parts of
+/// another [`Exclusive`] kind (all of one kind).
 ///
 /// # How it acquires
 ///
