@@ -149,19 +149,22 @@ async fn read_write_lock_state_has_its_mode_and_halves() {
     r1.unlock().await.unwrap();
     r2.unlock().await.unwrap();
 
-    // A writer that downgrades holds both halves: listed once for each.
+    // A writer that downgrades holds both halves: listed once for each, the read hold first
+    // whatever the counts.
     let w = rw.write().lock().await.unwrap();
     let read = rw.read();
     let r = w.run(|| read.lock()).await.unwrap().unwrap();
+    let r2 = r.reenter().await.unwrap();
     let state = rw.state().await.unwrap();
     assert_eq!(state.mode, Some(ReadWriteMode::Write));
     assert_eq!(
         holds(&state),
         vec![
-            (w.owner(), 1, Some(ReadWriteMode::Read)),
+            (w.owner(), 2, Some(ReadWriteMode::Read)),
             (w.owner(), 1, Some(ReadWriteMode::Write)),
         ]
     );
+    r2.unlock().await.unwrap();
 
     // A waiter elsewhere shows on the read/write lock's channel, not on the plain lock's.
     let other = waiter.read_write_lock("rw-state");

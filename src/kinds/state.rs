@@ -41,16 +41,19 @@ pub struct LockState {
 }
 
 /// One owner's hold of a lock, as [`LockState::owners`] lists it.
+///
+/// Ordered by owner, then half (the fields are in that order): an owner's read hold comes
+/// before its write hold, whatever their counts.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[non_exhaustive]
 pub struct Holder {
     /// Who holds it.
     pub owner: Owner,
-    /// How many times over (its reentry count).
-    pub count: u64,
     /// For a read/write lock, the half held: a writer that also reads (a downgrade under
     /// way) is listed once for each. `None` for the other kinds.
     pub mode: Option<ReadWriteMode>,
+    /// How many times over (its reentry count).
+    pub count: u64,
 }
 
 /// A read/write lock's mode, or the half of it a hold is of.
@@ -163,8 +166,8 @@ async fn read_state(named: &Named, channel: &str) -> Result<LockState> {
                 .map_err(|_| not_a_lock(named, &format!("field {field:?}")))?;
             owners.push(Holder {
                 owner,
-                count: count.as_i64().unwrap_or(0).max(0) as u64,
                 mode: half,
+                count: count.as_i64().unwrap_or(0).max(0) as u64,
             });
         }
         owners.sort();
