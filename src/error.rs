@@ -121,7 +121,7 @@ impl Error {
             // was not sent. Kind `Unknown` in fred 10.1, but transient like any I/O error.
             return Error::Connection(format!("not connected: {details}"));
         }
-        let connection = || Error::Connection(format!("{:?}: {details}", err.kind()));
+        let connection = || Error::Connection(in_words(details));
         match err.kind() {
             ErrorKind::Timeout => Error::Timeout(timeout),
             ErrorKind::Auth => Error::Auth(details.to_owned()),
@@ -147,6 +147,31 @@ impl Error {
             self,
             Error::Connection(_) | Error::Timeout(_) | Error::NotReplicated { .. }
         )
+    }
+}
+
+/// A connection error's detail as words: fred quotes an I/O error in Rust's debug form
+/// (`Os { code: 111, kind: ConnectionRefused, message: "Connection refused" }`, or
+/// `Custom { kind: …, error: … }`), and a reader needs only its message. A leading capital is
+/// lowered ("connection refused" continues a sentence); an acronym or a name ("TLS …",
+/// `InvalidCertificate`) keeps its capitals.
+fn in_words(detail: &str) -> String {
+    let message = ["message: ", "error: "].iter().find_map(|field| {
+        let start = detail.find(field)? + field.len();
+        let rest = &detail[start..];
+        let (rest, end) = match rest.strip_prefix('"') {
+            Some(quoted) => (quoted, quoted.find('"')?),
+            None => (rest, rest.find(" }")?),
+        };
+        Some(&rest[..end])
+    });
+    let text = message.unwrap_or(detail);
+    let mut first_word = text.split(' ').next().unwrap_or_default().chars();
+    match first_word.next() {
+        Some(first) if first.is_uppercase() && !first_word.any(char::is_uppercase) => {
+            first.to_lowercase().collect::<String>() + &text[first.len_utf8()..]
+        }
+        _ => text.to_owned(),
     }
 }
 
@@ -181,4 +206,32 @@ pub(crate) fn is_unblocked(err: &fred::error::Error) -> bool {
 /// not run.
 pub(crate) fn is_noscript(err: &fred::error::Error) -> bool {
     err.details().starts_with("NOSCRIPT")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::in_words;
+
+    #[test]
+    fn io_errors_read_as_words() {
+        assert_eq!(
+            in_words(r#"Os { code: 111, kind: ConnectionRefused, message: "Connection refused" }"#),
+            "connection refused"
+        );
+        assert_eq!(
+            in_words(
+                r#"Custom { kind: Uncategorized, error: "failed to lookup address information: Name or service not known" }"#
+            ),
+            "failed to lookup address information: Name or service not known"
+        );
+        assert_eq!(
+            in_words("Custom { kind: InvalidData, error: InvalidCertificate(UnknownIssuer) }"),
+            "InvalidCertificate(UnknownIssuer)"
+        );
+        assert_eq!(
+            in_words("Connection reset by peer"),
+            "connection reset by peer"
+        );
+        assert_eq!(in_words("TLS handshake refused"), "TLS handshake refused");
+    }
 }

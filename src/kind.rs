@@ -164,46 +164,88 @@ pub enum Reply<E> {
     TooFew(u64),
 }
 
-/// The hooks of one lock kind (sealed: implemented by the crate's lock types only).
+/// Keeps [`Kind`] implemented by the crate's own types only: the engine relies on each
+/// kind's scripts and wire format, so a kind from outside could not keep its promises.
+pub(crate) mod sealed {
+    /// The private supertrait of [`Kind`](super::Kind).
+    pub trait Sealed {}
+}
+
+/// What every lock and semaphore handle is to the engine: [`Lock`](crate::Lock),
+/// [`FairLock`](crate::FairLock), [`FencedLock`](crate::FencedLock), the halves
+/// [`ReadLock`](crate::ReadLock) and [`WriteLock`](crate::WriteLock), and
+/// [`LeasedSemaphore`](crate::LeasedSemaphore). A [`Guard<K>`](crate::Guard) is a hold of a
+/// `K`.
 ///
-/// A kind is a cheap handle (`Clone`): the lock's [`Named`] plus an optional explicit owner.
-pub trait Kind: Clone + Send + Sync + 'static {
-    /// The kind's `kind` label in metrics (see [`crate::metrics`]).
+/// It is named here so that code can be generic over guards; it is sealed (its supertrait is
+/// private), so only this crate implements it, and its hooks are not for callers.
+///
+/// ```no_run
+/// use redbaton::{Guard, Kind};
+///
+/// /// Runs `work` under any lock's guard, then releases it.
+/// async fn under<K: Kind, T>(
+///     guard: Guard<K>,
+///     work: impl std::future::Future<Output = T>,
+/// ) -> redbaton::Result<T> {
+///     println!("holding {} as {}", K::KIND, guard.owner());
+///     let out = guard.run(|| work).await?;
+///     guard.unlock().await?;
+///     Ok(out)
+/// }
+///
+/// # async fn demo(client: redbaton::Client) -> redbaton::Result<()> {
+/// under(client.lock("a").lock().await?, async {}).await?;
+/// under(client.fair_lock("b").lock().await?, async {}).await?;
+/// under(client.read_write_lock("c").write().lock().await?, async {}).await?;
+/// # Ok(()) }
+/// ```
+pub trait Kind: sealed::Sealed + Clone + Send + Sync + 'static {
+    /// The kind's name: its `kind` label in metrics (see the `metrics` feature).
     const KIND: &'static str;
 
     /// What a guard of this kind carries besides its hold (`()`, or the fenced lock's token).
     type Extra: Copy + Send + Sync + std::fmt::Debug + 'static;
 
+    #[doc(hidden)]
     /// The lock's name, key and client.
     fn named(&self) -> &Named;
 
+    #[doc(hidden)]
     /// The explicit owner of this handle, if any (else the owner of the enclosing hold's
     /// scope, or a new one).
     fn explicit_owner(&self) -> Option<&Arc<str>>;
 
+    #[doc(hidden)]
     /// The hash field for the owner field `owner` (the write lock appends `:write`).
     fn field(&self, owner: Arc<str>) -> Arc<str> {
         owner
     }
 
+    #[doc(hidden)]
     /// The owner part of a hash field made by [`field`](Kind::field).
     fn owner_part<'a>(&self, field: &'a str) -> &'a str {
         field
     }
 
+    #[doc(hidden)]
     /// The channel a waiter with `field` listens on, and how its messages wake.
     fn channel(&self, field: &Arc<str>) -> (Arc<str>, Wake);
 
+    #[doc(hidden)]
     /// The acquire script for `field` with `lease_ms`. `waits`: the caller will wait if it is
     /// refused (the fair lock queues such a caller).
     fn acquire(&self, conn: &Conn, field: &str, lease_ms: i64, waits: bool) -> Call;
 
+    #[doc(hidden)]
     /// Reads the acquire script's reply.
     fn decode(&self, reply: Value) -> Result<Reply<Self::Extra>>;
 
+    #[doc(hidden)]
     /// Release and renewal of this kind's holds.
     fn ops(&self) -> Arc<dyn HoldOps>;
 
+    #[doc(hidden)]
     /// What a waiter that gives up (timeout, cancellation, error) leaves behind to undo, as a
     /// call to run (the fair lock leaves its queue). Most kinds leave nothing. The engine runs
     /// it under the owner's turn, so after any attempt of the owner still in flight.
@@ -211,11 +253,13 @@ pub trait Kind: Clone + Send + Sync + 'static {
         None
     }
 
+    #[doc(hidden)]
     /// Whether a hold of this kind released by its owner's last guard may be passed to a
     /// parked waiter of the same client (see [`crate::baton`]); such a kind supplies
     /// [`pass`](Kind::pass).
     const PASSES: bool = false;
 
+    #[doc(hidden)]
     /// The baton pass: one script that releases `field`'s hold if it is the last and, while
     /// no other client listens on the lock's channel, gives the lock to `next` with
     /// `lease_ms` (replying `-2`); otherwise it acts as the release script. With it, what the
@@ -230,6 +274,7 @@ pub trait Kind: Clone + Send + Sync + 'static {
         None
     }
 
+    #[doc(hidden)]
     /// The handle one acquire call works with, given how long it waits (`None`: no deadline;
     /// `Some(ZERO)`: one attempt): its attempts, give-up and guard use it. The fair lock
     /// queues with the wait, and must give up with the same. Most kinds ignore it.

@@ -23,6 +23,7 @@
 //! until it is used). Each lock kind has the same acquire methods (`lock`, `lock_with_lease`,
 //! `try_lock`, `try_lock_for`, `try_lock_with_lease`) and `run`, and its guard releases on
 //! [`unlock`](Guard::unlock) or on drop and reports a lost lease through [`lost`](Guard::lost).
+//! Code generic over the kinds is written over [`Kind`] (a `Guard<K>` for any `K: Kind`).
 //!
 //! | kind | made by | what it is |
 //! | --- | --- | --- |
@@ -32,10 +33,11 @@
 //! | [`FencedLock`] | [`Client::fenced_lock`] | a [`Lock`] whose every acquisition carries a fencing token, for stores that must refuse a stale holder (guard: [`FencedGuard`]) |
 //! | [`Semaphore`] | [`Client::semaphore`] | a counter of permits that belong to nobody in Redis: a process that dies holding some keeps them for good (permits: [`SemaphorePermit`], given back on drop) |
 //! | [`LeasedSemaphore`] | [`Client::leased_semaphore`] | permits with ids and leases, renewed by the watchdog like locks (permit: [`LeasedPermit`]) |
-//! | [`MultiLock`] | [`MultiLock::new`] over [`Lock`]s | several locks, all or nothing, never waiting while it holds some: deadlock-free (guard: [`MultiLockGuard`]) |
-//! | [`RedLock`] | [`RedLock::new`] over [`Lock`]s | one lock per independent Redis master, held while a majority is (guard: [`RedLockGuard`]) |
+//! | [`MultiLock`] | [`MultiLock::new`] over [`Lock`]s, [`MultiLock::of`] over another [`Exclusive`] kind | several locks, all or nothing, never waiting while it holds some: deadlock-free (guard: [`MultiLockGuard`]) |
+//! | [`RedLock`] | [`RedLock::new`] over [`Lock`]s, [`RedLock::of`] over another [`Exclusive`] kind | one lock per independent Redis master, held while a majority is (guard: [`RedLockGuard`]) |
 //!
-//! Inspection: [`Lock::state`] (owners with their counts, the remaining lease, subscribers),
+//! Inspection: [`Lock::state`] and [`ReadWriteLock::state`] (each [`Holder`]: an owner with its
+//! count; a read/write lock's mode; the remaining lease; subscribers),
 //! `is_locked`, `hold_count`, `remaining_ttl`, [`FairLock::queued`]. Settings: [`Config`] and
 //! [`Client::builder`].
 //!
@@ -228,7 +230,7 @@ pub use config::{
     DEFAULT_FAIR_LOCK_WAIT, DEFAULT_WATCHDOG_LEASE, MAX_LEASE, MIN_WATCHDOG_LEASE,
 };
 pub use error::{Error, Result};
-pub use kind::MAX_NAME_LEN;
+pub use kind::{Kind, MAX_NAME_LEN};
 pub use kinds::fair::{FairGuard, FairLock};
 pub use kinds::fenced::{FencedGuard, FencedLock};
 pub use kinds::leased_semaphore::{LeasedPermit, LeasedSemaphore, PermitId, MAX_PERMITS_AT_ONCE};
@@ -240,8 +242,8 @@ pub use kinds::semaphore::{
 
 /// A hold of a [`Lock`].
 pub type LockGuard = Guard<Lock>;
-pub use kinds::state::LockState;
-pub use multilock::{MultiLock, MultiLockGuard, RedLockGuard};
+pub use kinds::state::{Holder, LockState, ReadWriteMode};
+pub use multilock::{Exclusive, MultiLock, MultiLockGuard, RedLockGuard};
 pub use owner::Owner;
 pub use redlock::RedLock;
 

@@ -8,9 +8,35 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use tokio::time::Instant;
 
 use crate::acquire::guard::{release_after, until_lost};
-use crate::{Error, Lock, LockGuard, Result};
+use crate::holds::Lease;
+use crate::kind::Kind;
+use crate::{Error, FairLock, FencedLock, Guard, Lock, Result, WriteLock};
 
-/// Several [`Lock`]s taken all-or-nothing and released together.
+/// A lock kind whose hold is exclusive (one owner at a time), so it can be a part of a
+/// [`MultiLock`] or a [`RedLock`](crate::RedLock): [`Lock`], [`FairLock`], [`FencedLock`]
+/// (each part's guard carries its own token) and a read/write lock's [`WriteLock`]. Sealed,
+/// as [`Kind`] is.
+///
+/// ```no_run
+/// # async fn run(a: redbaton::Client, b: redbaton::Client) -> redbaton::Result<()> {
+/// let writes = redbaton::MultiLock::of(vec![
+///     a.read_write_lock("catalog").write(),
+///     b.read_write_lock("prices").write(),
+/// ]);
+/// let guard = writes.lock().await?;
+/// // ... rewrite both while no one reads either ...
+/// guard.unlock().await?;
+/// # Ok(()) }
+/// ```
+pub trait Exclusive: Kind {}
+
+impl Exclusive for Lock {}
+impl Exclusive for FairLock {}
+impl Exclusive for FencedLock {}
+impl Exclusive for WriteLock {}
+
+/// Several locks of one exclusive kind ([`Lock`]s unless said otherwise: see [`Exclusive`])
+/// taken all-or-nothing and released together.
 ///
 /// ```no_run
 /// # async fn run(a: redbaton::Client, b: redbaton::Client) -> redbaton::Result<()> {
@@ -21,10 +47,11 @@ use crate::{Error, Lock, LockGuard, Result};
 /// # Ok(()) }
 /// ```
 ///
-/// A multi-lock is a client-side composition of ordinary [`Lock`]s — any mix of names and
+/// A multi-lock is a client-side composition of ordinary locks — any mix of names and
 /// clients, so of Redis servers too. It adds nothing to Redis: each part is a plain
-/// Redisson-compatible lock, renewed by its own client's watchdog and released by its own
-/// guard.
+/// Redisson-compatible lock of its kind, renewed by its own client's watchdog and released by
+/// its own guard. [`MultiLock::new`] takes [`Lock`]s; [`MultiLock::of`] takes the parts of
+/// another [`Exclusive`] kind (all of one kind).
 ///
 /// # How it acquires
 ///
@@ -68,8 +95,8 @@ use crate::{Error, Lock, LockGuard, Result};
 /// server reached under two different host names (`localhost` and `127.0.0.1`) is not
 /// recognised — name a server the same way in every client.
 #[derive(Clone, Debug)]
-pub struct MultiLock {
-    locks: Vec<Lock>,
+pub struct MultiLock<K: Exclusive = Lock> {
+    locks: Vec<K>,
     /// Why every operation is refused (the list is empty or names one lock twice).
     invalid: Option<String>,
 }
@@ -77,14 +104,22 @@ pub struct MultiLock {
 impl MultiLock {
     /// A multi-lock over `locks` (in any order, from any clients). An empty list, or one that
     /// names the same lock twice (see [`MultiLock`]), makes every operation return
-    /// [`Error::InvalidArgument`].
+    /// [`Error::InvalidArgument`]. For parts of another kind, see [`of`](MultiLock::of).
     pub fn new(locks: Vec<Lock>) -> MultiLock {
+        MultiLock::of(locks)
+    }
+}
+
+impl<K: Exclusive> MultiLock<K> {
+    /// A multi-lock over `locks` of any one [`Exclusive`] kind, as [`new`](MultiLock::new)
+    /// makes one over [`Lock`]s.
+    pub fn of(locks: Vec<K>) -> MultiLock<K> {
         let invalid = refusal(&locks);
         MultiLock { locks, invalid }
     }
 
     /// The parts, as given.
-    pub fn locks(&self) -> &[Lock] {
+    pub fn locks(&self) -> &[K] {
         &self.locks
     }
 
@@ -99,7 +134,7 @@ impl MultiLock {
     /// release of parts in flight (a busy part makes the others go) finishes in the
     /// background as [`Guard::unlock`](crate::Guard::unlock)'s does.
     #[must_use = "the guard holds the locks: dropping it at once releases them again"]
-    pub async fn lock(&self) -> Result<MultiLockGuard> {
+    pub async fn lock(&self) -> Result<MultiLockGuard<K>> {
         let guard = self.acquire(None, None).await?;
         Ok(guard.expect("waiting without a deadline ends only in a guard or an error"))
     }
@@ -110,7 +145,7 @@ impl MultiLock {
     ///
     /// As [`lock`](Self::lock)'s.
     #[must_use = "the guard holds the locks: dropping it at once releases them again"]
-    pub async fn lock_with_lease(&self, lease: Duration) -> Result<MultiLockGuard> {
+    pub async fn lock_with_lease(&self, lease: Duration) -> Result<MultiLockGuard<K>> {
         let guard = self.acquire(None, Some(lease)).await?;
         Ok(guard.expect("waiting without a deadline ends only in a guard or an error"))
     }
@@ -121,7 +156,7 @@ impl MultiLock {
     ///
     /// As [`lock`](Self::lock)'s.
     #[must_use = "the guard holds the locks: dropping it at once releases them again"]
-    pub async fn try_lock(&self) -> Result<Option<MultiLockGuard>> {
+    pub async fn try_lock(&self) -> Result<Option<MultiLockGuard<K>>> {
         self.acquire(Some(Duration::ZERO), None).await
     }
 
@@ -131,7 +166,7 @@ impl MultiLock {
     ///
     /// As [`lock`](Self::lock)'s.
     #[must_use = "the guard holds the locks: dropping it at once releases them again"]
-    pub async fn try_lock_for(&self, wait: Duration) -> Result<Option<MultiLockGuard>> {
+    pub async fn try_lock_for(&self, wait: Duration) -> Result<Option<MultiLockGuard<K>>> {
         self.acquire(Some(wait), None).await
     }
 
@@ -145,7 +180,7 @@ impl MultiLock {
         &self,
         wait: Duration,
         lease: Duration,
-    ) -> Result<Option<MultiLockGuard>> {
+    ) -> Result<Option<MultiLockGuard<K>>> {
         self.acquire(Some(wait), Some(lease)).await
     }
 
@@ -175,7 +210,7 @@ impl MultiLock {
     }
 
     fn description(&self) -> String {
-        let names: Vec<&str> = self.locks.iter().map(Lock::name).collect();
+        let names: Vec<&str> = self.locks.iter().map(|l| l.named().name()).collect();
         names.join(",")
     }
 
@@ -183,7 +218,7 @@ impl MultiLock {
         &self,
         wait: Option<Duration>,
         lease: Option<Duration>,
-    ) -> Result<Option<MultiLockGuard>> {
+    ) -> Result<Option<MultiLockGuard<K>>> {
         if let Some(why) = &self.invalid {
             return Err(Error::InvalidArgument(why.clone()));
         }
@@ -223,7 +258,7 @@ impl MultiLock {
                     return Ok(Some(MultiLockGuard::new(guards, None, self.description())));
                 }
                 Some(i) => {
-                    tracing::trace!(lock = %self.locks[i].name(), "multi-lock part busy; releasing the others and waiting for it");
+                    tracing::trace!(lock = %self.locks[i].named().name(), "multi-lock part busy; releasing the others and waiting for it");
                     release_all(held.into_iter().map(|(_, g)| g).collect()).await;
                     if deadline.is_some_and(|d| Instant::now() >= d) {
                         return Ok(None);
@@ -246,8 +281,7 @@ struct Place<'a> {
 }
 
 impl<'a> Place<'a> {
-    fn of(lock: &'a Lock) -> Place<'a> {
-        use crate::kind::Kind;
+    fn of<K: Kind>(lock: &'a K) -> Place<'a> {
         use fred::interfaces::ClientLike;
         use fred::types::config::{Server, ServerConfig};
         let named = lock.named();
@@ -284,7 +318,7 @@ impl<'a> Place<'a> {
 }
 
 /// Why a multi-lock over `locks` must refuse every operation, if it must.
-fn refusal(locks: &[Lock]) -> Option<String> {
+fn refusal<K: Kind>(locks: &[K]) -> Option<String> {
     if locks.is_empty() {
         return Some("a multi-lock needs at least one lock".to_owned());
     }
@@ -294,7 +328,7 @@ fn refusal(locks: &[Lock]) -> Option<String> {
             return Some(format!(
                 "a multi-lock got lock {:?} twice (parts {} and {}: same key on the same \
                  server); each lock may appear once",
-                locks[i].name(),
+                locks[i].named().name(),
                 i,
                 i + 1 + j
             ));
@@ -303,24 +337,23 @@ fn refusal(locks: &[Lock]) -> Option<String> {
     None
 }
 
-/// One part through the public [`Lock`] API. `wait` None = no deadline; `lease` None = the
-/// watchdog.
-pub(crate) async fn acquire_one(
-    lock: &Lock,
+/// One part, acquired as its kind's own methods do. `wait` None = no deadline; `lease` None =
+/// the watchdog.
+pub(crate) async fn acquire_one<K: Kind>(
+    lock: &K,
     wait: Option<Duration>,
     lease: Option<Duration>,
-) -> Result<Option<LockGuard>> {
-    match (wait, lease) {
-        (None, None) => lock.lock().await.map(Some),
-        (None, Some(lease)) => lock.lock_with_lease(lease).await.map(Some),
-        (Some(wait), None) => lock.try_lock_for(wait).await,
-        (Some(wait), Some(lease)) => lock.try_lock_with_lease(wait, lease).await,
-    }
+) -> Result<Option<Guard<K>>> {
+    let lease = match lease {
+        Some(lease) => Lease::Fixed(crate::kinds::lease_millis(lease)?),
+        None => Lease::Watchdog,
+    };
+    crate::acquire::acquire(lock, wait, lease).await
 }
 
 /// Releases every guard concurrently; returns each outcome in order.
-pub(crate) async fn release_all(guards: Vec<LockGuard>) -> Vec<Result<()>> {
-    futures::future::join_all(guards.into_iter().map(LockGuard::unlock)).await
+pub(crate) async fn release_all<K: Kind>(guards: Vec<Guard<K>>) -> Vec<Result<()>> {
+    futures::future::join_all(guards.into_iter().map(Guard::unlock)).await
 }
 
 /// The holds of a [`MultiLock`] or a [`RedLock`](crate::RedLock). Release it with
@@ -330,8 +363,8 @@ pub(crate) async fn release_all(guards: Vec<LockGuard>) -> Vec<Result<()>> {
 /// Redlock fewer than a majority — or, for a Redlock with a fixed lease, when its validity
 /// time ran out.
 #[must_use = "dropping the guard releases the locks at once; bind it (`let _guard = ...`) for as long as they must be held"]
-pub struct MultiLockGuard {
-    guards: Vec<LockGuard>,
+pub struct MultiLockGuard<K: Exclusive = Lock> {
+    guards: Vec<Guard<K>>,
     /// How many parts must stay held.
     quorum: usize,
     /// Past this the hold is not trusted whatever the parts say (Redlock validity).
@@ -340,15 +373,15 @@ pub struct MultiLockGuard {
 }
 
 /// The guard a [`RedLock`](crate::RedLock) hands out.
-pub type RedLockGuard = MultiLockGuard;
+pub type RedLockGuard<K = Lock> = MultiLockGuard<K>;
 
-impl MultiLockGuard {
+impl<K: Exclusive> MultiLockGuard<K> {
     /// All of `guards` must stay held (`quorum` None) or at least `quorum` of them.
     pub(crate) fn new(
-        guards: Vec<LockGuard>,
+        guards: Vec<Guard<K>>,
         quorum: Option<usize>,
         description: String,
-    ) -> MultiLockGuard {
+    ) -> MultiLockGuard<K> {
         let quorum = quorum.unwrap_or(guards.len());
         MultiLockGuard {
             guards,
@@ -358,14 +391,14 @@ impl MultiLockGuard {
         }
     }
 
-    pub(crate) fn with_validity(mut self, valid_until: Instant) -> MultiLockGuard {
+    pub(crate) fn with_validity(mut self, valid_until: Instant) -> MultiLockGuard<K> {
         self.valid_until = Some(valid_until);
         self
     }
 
     /// The guards of the parts this hold took (for a Redlock, those on the nodes that
     /// granted it).
-    pub fn guards(&self) -> &[LockGuard] {
+    pub fn guards(&self) -> &[Guard<K>] {
         &self.guards
     }
 
@@ -416,7 +449,7 @@ impl MultiLockGuard {
         F: FnOnce() -> Fut,
         Fut: Future<Output = T>,
     {
-        let scopes: Vec<_> = self.guards.iter().filter_map(LockGuard::scope).collect();
+        let scopes: Vec<_> = self.guards.iter().filter_map(Guard::scope).collect();
         let scoped = || crate::scope::within(scopes, f());
         until_lost(self.is_lost(), self.lost(), scoped, &self.description).await
     }
@@ -429,7 +462,7 @@ impl MultiLockGuard {
     ///
     /// As [`Guard::reenter`](crate::Guard::reenter)'s, part by part.
     #[must_use = "the guard holds the locks: dropping it at once releases them again"]
-    pub async fn reenter(&self) -> Result<MultiLockGuard> {
+    pub async fn reenter(&self) -> Result<MultiLockGuard<K>> {
         let not_held = || Error::NotHeld {
             name: self.description.clone(),
         };
@@ -443,7 +476,7 @@ impl MultiLockGuard {
                 .map(|g| g.reenter()),
         )
         .await;
-        let guards: Vec<LockGuard> = again.into_iter().filter_map(|g| g.ok()).collect();
+        let guards: Vec<Guard<K>> = again.into_iter().filter_map(|g| g.ok()).collect();
         if guards.len() < self.quorum {
             return Err(not_held());
         }
@@ -504,7 +537,7 @@ impl MultiLockGuard {
     }
 }
 
-impl std::fmt::Debug for MultiLockGuard {
+impl<K: Exclusive> std::fmt::Debug for MultiLockGuard<K> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MultiLockGuard")
             .field("locks", &self.description)

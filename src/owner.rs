@@ -24,7 +24,7 @@ use crate::Error;
 /// assert_eq!(owner.number(), 42);
 /// assert!("no-colon".parse::<redbaton::Owner>().is_err());
 /// ```
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Owner {
     client_id: String,
     number: u64,

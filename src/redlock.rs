@@ -7,9 +7,8 @@ use std::time::Duration;
 use rand::Rng;
 use tokio::time::Instant;
 
-use crate::kind::Kind;
-use crate::multilock::{release_all, MultiLockGuard, RedLockGuard};
-use crate::{Error, Lock, LockGuard, Result};
+use crate::multilock::{acquire_one, release_all, Exclusive, MultiLockGuard, RedLockGuard};
+use crate::{Error, Guard, Lock, Result};
 
 /// Default bound on each node's try.
 const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(200);
@@ -87,15 +86,15 @@ const DEFAULT_RETRY_DELAY: Duration = Duration::from_millis(200);
 /// - Redisson deprecated `RedLock` in favour of a single lock with synchronous replication;
 ///   redbaton keeps it for deployments of independent masters, with the caveats above.
 #[derive(Clone, Debug)]
-pub struct RedLock {
-    locks: Vec<Lock>,
+pub struct RedLock<K: Exclusive = Lock> {
+    locks: Vec<K>,
     node_timeout: Duration,
     retry_delay: Duration,
 }
 
 /// What one attempt got.
-struct Attempt {
-    granted: Vec<LockGuard>,
+struct Attempt<K: Exclusive> {
+    granted: Vec<Guard<K>>,
     /// Nodes that answered "held by another owner".
     busy: usize,
     /// The first error of a node that did not answer usefully.
@@ -106,8 +105,18 @@ struct Attempt {
 impl RedLock {
     /// A Redlock over `locks`: one per independent Redis master, normally the same name on
     /// each. An empty list, or two locks on the same key of the same client, makes every
-    /// operation return [`Error::InvalidArgument`].
+    /// operation return [`Error::InvalidArgument`]. For locks of another kind, see
+    /// [`of`](RedLock::of).
     pub fn new(locks: Vec<Lock>) -> RedLock {
+        RedLock::of(locks)
+    }
+}
+
+impl<K: Exclusive> RedLock<K> {
+    /// A Redlock over `locks` of any one [`Exclusive`] kind (fair, fenced — each granted
+    /// part's guard carries its own node's token — or write halves), as
+    /// [`new`](RedLock::new) makes one over [`Lock`]s.
+    pub fn of(locks: Vec<K>) -> RedLock<K> {
         RedLock {
             locks,
             node_timeout: DEFAULT_NODE_TIMEOUT,
@@ -116,19 +125,19 @@ impl RedLock {
     }
 
     /// Bounds each node's try (default 200 ms). Keep it small against the lease.
-    pub fn node_timeout(mut self, timeout: Duration) -> RedLock {
+    pub fn node_timeout(mut self, timeout: Duration) -> RedLock<K> {
         self.node_timeout = timeout;
         self
     }
 
     /// The mean pause between attempts while waiting (default 200 ms, randomised ± 50 %).
-    pub fn retry_delay(mut self, delay: Duration) -> RedLock {
+    pub fn retry_delay(mut self, delay: Duration) -> RedLock<K> {
         self.retry_delay = delay;
         self
     }
 
     /// The parts, as given.
-    pub fn locks(&self) -> &[Lock] {
+    pub fn locks(&self) -> &[K] {
         &self.locks
     }
 
@@ -146,7 +155,7 @@ impl RedLock {
     /// parts already granted are guards, dropped with it, that release their locks in the
     /// background, and between attempts nothing is held.
     #[must_use = "the guard holds the lock: dropping it at once releases it again"]
-    pub async fn lock(&self) -> Result<RedLockGuard> {
+    pub async fn lock(&self) -> Result<RedLockGuard<K>> {
         let guard = self.acquire(None, None).await?;
         Ok(guard.expect("waiting without a deadline ends only in a guard or an error"))
     }
@@ -157,7 +166,7 @@ impl RedLock {
     ///
     /// As [`lock`](Self::lock)'s.
     #[must_use = "the guard holds the lock: dropping it at once releases it again"]
-    pub async fn lock_with_lease(&self, lease: Duration) -> Result<RedLockGuard> {
+    pub async fn lock_with_lease(&self, lease: Duration) -> Result<RedLockGuard<K>> {
         let guard = self.acquire(None, Some(lease)).await?;
         Ok(guard.expect("waiting without a deadline ends only in a guard or an error"))
     }
@@ -168,7 +177,7 @@ impl RedLock {
     ///
     /// As [`lock`](Self::lock)'s.
     #[must_use = "the guard holds the lock: dropping it at once releases it again"]
-    pub async fn try_lock(&self) -> Result<Option<RedLockGuard>> {
+    pub async fn try_lock(&self) -> Result<Option<RedLockGuard<K>>> {
         self.acquire(Some(Duration::ZERO), None).await
     }
 
@@ -178,7 +187,7 @@ impl RedLock {
     ///
     /// As [`lock`](Self::lock)'s.
     #[must_use = "the guard holds the lock: dropping it at once releases it again"]
-    pub async fn try_lock_for(&self, wait: Duration) -> Result<Option<RedLockGuard>> {
+    pub async fn try_lock_for(&self, wait: Duration) -> Result<Option<RedLockGuard<K>>> {
         self.acquire(Some(wait), None).await
     }
 
@@ -193,7 +202,7 @@ impl RedLock {
         &self,
         wait: Duration,
         lease: Duration,
-    ) -> Result<Option<RedLockGuard>> {
+    ) -> Result<Option<RedLockGuard<K>>> {
         self.acquire(Some(wait), Some(lease)).await
     }
 
@@ -234,7 +243,7 @@ impl RedLock {
             if !seen.insert((&*named.client.id, &*named.key)) {
                 return Err(Error::InvalidArgument(format!(
                     "a Redlock got lock {:?} of one client twice; each node must count once",
-                    lock.name()
+                    lock.named().name()
                 )));
             }
         }
@@ -261,7 +270,7 @@ impl RedLock {
         &self,
         wait: Option<Duration>,
         lease: Option<Duration>,
-    ) -> Result<Option<RedLockGuard>> {
+    ) -> Result<Option<RedLockGuard<K>>> {
         self.check()?;
         if let Some(lease) = lease {
             crate::kinds::lease_millis(lease)?;
@@ -279,18 +288,18 @@ impl RedLock {
                 .filter(|v| !v.is_zero());
             if granted >= quorum {
                 if let Some(validity) = validity {
-                    tracing::trace!(lock = %self.locks[0].name(), granted, ?validity, "Redlock acquired");
+                    tracing::trace!(lock = %self.locks[0].named().name(), granted, ?validity, "Redlock acquired");
                     let guard = MultiLockGuard::new(
                         attempt.granted,
                         Some(quorum),
-                        self.locks[0].name().to_owned(),
+                        self.locks[0].named().name().to_owned(),
                     );
                     return Ok(Some(match lease {
                         Some(_) => guard.with_validity(attempt.started + lease_len - drift),
                         None => guard,
                     }));
                 }
-                tracing::debug!(lock = %self.locks[0].name(), granted, "Redlock majority came too late; releasing");
+                tracing::debug!(lock = %self.locks[0].named().name(), granted, "Redlock majority came too late; releasing");
             }
             release_all(attempt.granted).await;
             if granted + attempt.busy < quorum {
@@ -319,16 +328,11 @@ impl RedLock {
     }
 
     /// Tries every node at once, each bounded by the node timeout.
-    async fn attempt(&self, lease: Option<Duration>) -> Attempt {
+    async fn attempt(&self, lease: Option<Duration>) -> Attempt<K> {
         let started = Instant::now();
         let node_timeout = self.node_timeout;
         let tries = self.locks.iter().map(|lock| async move {
-            let try_once = async {
-                match lease {
-                    Some(lease) => lock.try_lock_with_lease(Duration::ZERO, lease).await,
-                    None => lock.try_lock().await,
-                }
-            };
+            let try_once = acquire_one(lock, Some(Duration::ZERO), lease);
             match tokio::time::timeout(node_timeout, try_once).await {
                 Ok(result) => result,
                 Err(_) => Err(Error::Timeout(node_timeout)),
@@ -346,7 +350,7 @@ impl RedLock {
                 Ok(Some(guard)) => attempt.granted.push(guard),
                 Ok(None) => attempt.busy += 1,
                 Err(e) => {
-                    tracing::debug!(lock = %lock.name(), error = %e, "Redlock node did not grant");
+                    tracing::debug!(lock = %lock.named().name(), error = %e, "Redlock node did not grant");
                     attempt.error.get_or_insert(e);
                 }
             }

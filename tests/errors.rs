@@ -566,3 +566,22 @@ async fn an_unblocked_wait_counts_as_unacknowledged() {
     );
     client.shutdown().await.unwrap();
 }
+
+/// A refused connection is told in words, with the URL, not as fred's debug text of the I/O
+/// error (`IO: Os { code: 111, kind: ConnectionRefused, … }`).
+#[tokio::test]
+async fn a_refused_connection_reads_as_a_sentence() {
+    // A port nobody listens on: bound, then let go.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("redis://127.0.0.1:{port}");
+    let err = redbaton::Client::connect(&url).await.unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!("connection error: {url}: connection refused"),
+        "{err:?}"
+    );
+}

@@ -614,3 +614,110 @@ async fn multilock_refuses_the_same_lock_twice() {
         c.shutdown().await.unwrap();
     }
 }
+
+/// A multi-lock and a Redlock take the other exclusive kinds: a read/write lock's write
+/// halves (a reader of one part keeps the multi-lock out, and the multi-lock keeps readers
+/// out), fair locks, and fenced locks whose guards each carry their node's token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multilock_and_redlock_take_the_other_exclusive_kinds() {
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let ours = clients(&servers, support::RENEWED_LEASE).await;
+    let theirs = clients(&servers, support::RENEWED_LEASE).await;
+
+    // Write halves on two servers.
+    let writes = MultiLock::of(vec![
+        ours[0].read_write_lock("catalog").write(),
+        ours[1].read_write_lock("prices").write(),
+    ]);
+    let reader = theirs[1]
+        .read_write_lock("prices")
+        .read()
+        .lock()
+        .await
+        .unwrap();
+    assert!(writes.try_lock().await.unwrap().is_none());
+    assert!(
+        !ours[0]
+            .read_write_lock("catalog")
+            .write()
+            .is_locked()
+            .await
+            .unwrap(),
+        "nothing kept"
+    );
+    reader.unlock().await.unwrap();
+    let guard = writes
+        .try_lock_for(Duration::from_secs(10))
+        .await
+        .unwrap()
+        .expect("the parts are free");
+    for (client, name) in [(&theirs[0], "catalog"), (&theirs[1], "prices")] {
+        let read = client.read_write_lock(name).read();
+        assert!(
+            read.try_lock().await.unwrap().is_none(),
+            "{name}: readers kept out"
+        );
+    }
+    guard.unlock().await.unwrap();
+    let read = theirs[1].read_write_lock("prices").read();
+    read.try_lock()
+        .await
+        .unwrap()
+        .expect("released")
+        .unlock()
+        .await
+        .unwrap();
+
+    // Fair locks on two servers.
+    let fair = MultiLock::of(vec![
+        ours[0].fair_lock("queue:a"),
+        ours[1].fair_lock("queue:b"),
+    ]);
+    let holder = theirs[0].fair_lock("queue:a").lock().await.unwrap();
+    assert!(fair.try_lock().await.unwrap().is_none());
+    assert!(
+        !ours[1].fair_lock("queue:b").is_locked().await.unwrap(),
+        "nothing kept"
+    );
+    holder.unlock().await.unwrap();
+    let guard = fair
+        .try_lock_for(Duration::from_secs(10))
+        .await
+        .unwrap()
+        .expect("the parts are free");
+    assert!(theirs[1]
+        .fair_lock("queue:b")
+        .try_lock()
+        .await
+        .unwrap()
+        .is_none());
+    guard.unlock().await.unwrap();
+
+    // A Redlock of fenced locks: each granted part carries its node's token, and a later
+    // hold's tokens are larger.
+    let fenced = RedLock::of(ours.iter().map(|c| c.fenced_lock(NAME)).collect())
+        .node_timeout(Duration::from_millis(500))
+        .retry_delay(Duration::from_millis(100));
+    let first = fenced.lock().await.unwrap();
+    let tokens: Vec<u64> = first.guards().iter().map(|g| g.token()).collect();
+    assert_eq!(tokens.len(), 3, "every node granted");
+    let rival = RedLock::of(theirs.iter().map(|c| c.fenced_lock(NAME)).collect());
+    assert!(rival.try_lock().await.unwrap().is_none());
+    first.unlock().await.unwrap();
+    let second = rival
+        .try_lock_for(Duration::from_secs(10))
+        .await
+        .unwrap()
+        .expect("free");
+    let later: Vec<u64> = second.guards().iter().map(|g| g.token()).collect();
+    assert_eq!(later.len(), 3, "every node granted");
+    assert!(
+        tokens.iter().zip(&later).all(|(a, b)| b > a),
+        "tokens grow: {tokens:?} then {later:?}"
+    );
+    second.unlock().await.unwrap();
+
+    for client in ours.iter().chain(&theirs) {
+        client.shutdown().await.unwrap();
+    }
+}

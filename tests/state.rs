@@ -1,12 +1,13 @@
-//! `Lock::state`: owners with counts, remaining lease, subscribers on the channel (classic and
-//! sharded pub/sub), and refusal of keys that are not locks.
+//! `Lock::state` and `ReadWriteLock::state`: owners with counts, a read/write lock's mode,
+//! remaining lease, subscribers on the channel (classic and sharded pub/sub), and refusal of
+//! keys that are not locks.
 
 mod support;
 
 use std::time::Duration;
 
 use fred::prelude::*;
-use redbaton::{Client, Error, PubSubMode};
+use redbaton::{Client, Error, LockState, Owner, PubSubMode, ReadWriteMode};
 use support::{eventually, RedisServer};
 
 async fn client(server: &RedisServer, mode: PubSubMode) -> Client {
@@ -34,7 +35,13 @@ async fn owners_counts_ttl_and_waiters(mode: PubSubMode) {
     let g1 = lock.lock().await.unwrap();
     let g2 = g1.reenter().await.unwrap();
     let state = lock.state().await.unwrap();
-    assert_eq!(state.owners, vec![(g1.owner().to_string(), 2)]);
+    let holds: Vec<_> = state
+        .owners
+        .iter()
+        .map(|h| (&h.owner, h.count, h.mode))
+        .collect();
+    assert_eq!(holds, vec![(&g1.owner(), 2, None)]);
+    assert_eq!(state.mode, None);
     assert_eq!(state.hold_count(), 2);
     let ttl = state.ttl.unwrap();
     assert!(
@@ -88,7 +95,10 @@ async fn state_refuses_keys_that_are_not_locks() {
     let client = client(&server, PubSubMode::Classic).await;
     let () = raw.set("text", "v", None, None, false).await.unwrap();
     let () = raw.hset("plain-hash", ("f", 1)).await.unwrap();
-    for key in ["text", "plain-hash"] {
+    // A hash with an expiry, but a field no lock has.
+    let () = raw.hset("odd-hash", ("f", 1)).await.unwrap();
+    let () = raw.pexpire("odd-hash", 60_000, None).await.unwrap();
+    for key in ["text", "plain-hash", "odd-hash"] {
         let err = client.lock(key).state().await.unwrap_err();
         assert!(matches!(err, Error::WrongType { .. }), "{key}: {err:?}");
     }
@@ -96,4 +106,85 @@ async fn state_refuses_keys_that_are_not_locks() {
     assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
     client.shutdown().await.unwrap();
     assert_eq!(client.lock("x").state().await.unwrap_err(), Error::ShutDown);
+}
+
+/// The holds of `state` as (owner, count, half), to compare at once.
+fn holds(state: &LockState) -> Vec<(Owner, u64, Option<ReadWriteMode>)> {
+    state
+        .owners
+        .iter()
+        .map(|h| (h.owner.clone(), h.count, h.mode))
+        .collect()
+}
+
+/// A read/write lock's state names its mode and each hold's half; its `mode` field is not an
+/// owner, whether read through the read/write lock or as a plain lock hash.
+#[tokio::test]
+async fn read_write_lock_state_has_its_mode_and_halves() {
+    let server = RedisServer::start();
+    let waiter = client(&server, PubSubMode::Classic).await;
+    let client = client(&server, PubSubMode::Classic).await;
+    let rw = client.read_write_lock("rw-state");
+
+    let free = rw.state().await.unwrap();
+    assert_eq!((free.mode, free.owners.len(), free.ttl), (None, 0, None));
+
+    let r1 = rw.read().lock().await.unwrap();
+    let r2 = rw.read().lock().await.unwrap();
+    let again = r1.reenter().await.unwrap();
+    let state = rw.state().await.unwrap();
+    assert_eq!(state.mode, Some(ReadWriteMode::Read));
+    let mut readers = vec![
+        (r1.owner(), 2, Some(ReadWriteMode::Read)),
+        (r2.owner(), 1, Some(ReadWriteMode::Read)),
+    ];
+    readers.sort();
+    assert_eq!(holds(&state), readers);
+    assert_eq!(state.hold_count(), 3);
+    assert!(state.ttl.is_some());
+    // Read as a plain lock hash, the same holds and mode.
+    let as_lock = client.lock("rw-state").state().await.unwrap();
+    assert_eq!((holds(&as_lock), as_lock.mode), (readers, state.mode));
+    again.unlock().await.unwrap();
+    r1.unlock().await.unwrap();
+    r2.unlock().await.unwrap();
+
+    // A writer that downgrades holds both halves: listed once for each, the read hold first
+    // whatever the counts.
+    let w = rw.write().lock().await.unwrap();
+    let read = rw.read();
+    let r = w.run(|| read.lock()).await.unwrap().unwrap();
+    let r2 = r.reenter().await.unwrap();
+    let state = rw.state().await.unwrap();
+    assert_eq!(state.mode, Some(ReadWriteMode::Write));
+    assert_eq!(
+        holds(&state),
+        vec![
+            (w.owner(), 2, Some(ReadWriteMode::Read)),
+            (w.owner(), 1, Some(ReadWriteMode::Write)),
+        ]
+    );
+    r2.unlock().await.unwrap();
+
+    // A waiter elsewhere shows on the read/write lock's channel, not on the plain lock's.
+    let other = waiter.read_write_lock("rw-state");
+    let waiting = tokio::spawn(async move { other.write().lock().await.unwrap().unlock().await });
+    let seen = eventually(Duration::from_secs(10), || async {
+        rw.state().await.unwrap().subscribers == 1
+    })
+    .await;
+    assert!(seen, "the waiting process shows as one subscriber");
+    assert_eq!(
+        client.lock("rw-state").state().await.unwrap().subscribers,
+        0
+    );
+    r.unlock().await.unwrap();
+    w.unlock().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the waiter gets the lock")
+        .unwrap()
+        .unwrap();
+    client.shutdown().await.unwrap();
+    waiter.shutdown().await.unwrap();
 }

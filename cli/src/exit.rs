@@ -60,34 +60,13 @@ pub fn code_of(err: &Error) -> u8 {
 impl From<Error> for Failure {
     fn from(err: Error) -> Self {
         let message = match &err {
-            Error::Connection(detail) => format!("Redis unreachable: {}", plain(detail)),
+            Error::Connection(detail) => format!("Redis unreachable: {detail}"),
             Error::WrongType { name, .. } => {
                 format!("key {name:?} is not a lock (WRONGTYPE); it was left untouched")
             }
             other => other.to_string(),
         };
         Failure::new(code_of(&err), message)
-    }
-}
-
-/// A connection error's detail as words. fred quotes an I/O error in Rust's debug form
-/// (`IO: Os { code: 111, kind: ConnectionRefused, message: "Connection refused" }`, or
-/// `Custom { kind: …, error: "…" }`); its message is what a reader needs.
-pub fn plain(detail: &str) -> String {
-    let quoted = ["message: \"", "error: \""].iter().find_map(|field| {
-        let start = detail.find(field)? + field.len();
-        let len = detail[start..].find('"')?;
-        Some(&detail[start..start + len])
-    });
-    let text = quoted.unwrap_or_else(|| detail.strip_prefix("IO: ").unwrap_or(detail));
-    // "Connection refused" reads as part of the sentence; "TLS …" keeps its capitals.
-    let mut chars = text.chars();
-    match (chars.next(), chars.next()) {
-        (Some(first), Some(second)) if first.is_uppercase() && second.is_lowercase() => first
-            .to_lowercase()
-            .chain(text[first.len_utf8()..].chars())
-            .collect(),
-        _ => text.to_owned(),
     }
 }
 
@@ -115,31 +94,5 @@ impl From<Result<u8, Failure>> for Outcome {
             Ok(code) => Outcome::Status(code),
             Err(failure) => Outcome::Failed(failure),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::plain;
-
-    #[test]
-    fn io_errors_read_as_words() {
-        assert_eq!(
-            plain(
-                r#"IO: Os { code: 111, kind: ConnectionRefused, message: "Connection refused" }"#
-            ),
-            "connection refused"
-        );
-        assert_eq!(
-            plain(
-                r#"IO: Custom { kind: Uncategorized, error: "failed to lookup address information: Name or service not known" }"#
-            ),
-            "failed to lookup address information: Name or service not known"
-        );
-        assert_eq!(
-            plain("no connection within 10s"),
-            "no connection within 10s"
-        );
-        assert_eq!(plain("TLS handshake refused"), "TLS handshake refused");
     }
 }

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use redbaton::{Client, LockState};
+use redbaton::{Client, LockState, ReadWriteMode};
 
 use crate::args::{StatusArgs, UnlockArgs};
 use crate::exit::Failure;
@@ -12,12 +12,6 @@ use crate::exit::Failure;
 const YES: u8 = 0;
 /// Exit status of `status` for a free lock and of `unlock --force` when there was none.
 const NO: u8 = 1;
-
-/// The field of a read/write lock's hash that holds its mode, `read` or `write` (Redisson's
-/// `RReadWriteLock`); no other kind has it.
-const MODE_FIELD: &str = "mode";
-/// The suffix of a read/write lock's writer field, `<client uuid>:<number>:write`.
-const WRITE_SUFFIX: &str = ":write";
 
 /// The kinds of lock a hash can be, as far as Redis tells them apart: a fenced lock is a
 /// [`Kind::Lock`] (the same hash and channel), and a fair lock is only known by its queue.
@@ -61,10 +55,20 @@ struct Hold {
     mode: Option<&'static str>,
 }
 
+/// A read/write lock's mode as `status` words it.
+fn mode_name(mode: ReadWriteMode) -> &'static str {
+    match mode {
+        ReadWriteMode::Read => "read",
+        ReadWriteMode::Write => "write",
+    }
+}
+
 /// A lock as `status`, `unlock --force` and `exec`'s conflict message describe it.
 pub struct Inspected {
     pub kind: Kind,
     holds: Vec<Hold>,
+    /// A read/write lock's mode while it is held.
+    mode: Option<ReadWriteMode>,
     ttl: Option<Duration>,
     /// Subscriber connections on a plain lock's channel; `None` for the other kinds, whose
     /// waiters listen elsewhere (a fair lock's are its queue).
@@ -77,7 +81,7 @@ impl Inspected {
     /// Reads the lock `name`. A key that is not a lock is refused with `WrongType`.
     pub async fn read(client: &Client, name: &str) -> redbaton::Result<Inspected> {
         let state = client.lock(name).state().await?;
-        let rwlock = state.owners.iter().any(|(field, _)| field == MODE_FIELD);
+        let rwlock = state.mode.is_some();
         let queued = if rwlock {
             Vec::new()
         } else {
@@ -95,31 +99,16 @@ impl Inspected {
         let holds = state
             .owners
             .into_iter()
-            .filter_map(|(field, count)| {
-                if kind != Kind::ReadWriteLock {
-                    return Some(Hold {
-                        owner: field,
-                        count,
-                        mode: None,
-                    });
-                }
-                if field == MODE_FIELD {
-                    return None;
-                }
-                let (owner, mode) = match field.strip_suffix(WRITE_SUFFIX) {
-                    Some(writer) => (writer.to_owned(), "write"),
-                    None => (field, "read"),
-                };
-                Some(Hold {
-                    owner,
-                    count,
-                    mode: Some(mode),
-                })
+            .map(|hold| Hold {
+                owner: hold.owner.to_string(),
+                count: hold.count,
+                mode: hold.mode.map(mode_name),
             })
             .collect();
         Inspected {
             kind,
             holds,
+            mode: state.mode,
             ttl: state.ttl,
             subscribers: (kind == Kind::Lock).then_some(state.subscribers),
             queued,
@@ -134,14 +123,9 @@ impl Inspected {
         self.holds.iter().map(|h| h.count).sum()
     }
 
-    /// A read/write lock's mode, read off the same snapshot as its holds: a writer's field
-    /// exists exactly while the lock is in write mode (its own read holds may sit beside it).
+    /// A read/write lock's mode, `read` or `write`, while it is held.
     fn mode(&self) -> Option<&'static str> {
-        if self.kind != Kind::ReadWriteLock || !self.is_locked() {
-            return None;
-        }
-        let writing = self.holds.iter().any(|h| h.mode == Some("write"));
-        Some(if writing { "write" } else { "read" })
+        self.mode.map(mode_name)
     }
 
     /// Who holds it, in a few words: `read/write lock in write mode, 1 owner(s), hold count 2`.

@@ -93,10 +93,7 @@ pub async fn connect(
                 .map_or(detail.as_str(), |rest| rest.trim_start_matches(": "));
             Failure::new(
                 exit::UNAVAILABLE,
-                format!(
-                    "cannot connect to Redis at {server}: {}",
-                    exit::plain(detail)
-                ),
+                format!("cannot connect to Redis at {server}: {detail}"),
             )
         }
         other => other.into(),

@@ -9,7 +9,7 @@ use crate::conn::{lua_script, Ack, Call, Conn, LuaScript};
 use crate::holds::{HoldOps, Renewal};
 use crate::hub::Wake;
 use crate::kinds::reentrant::{HashLock, RENEW, UNLOCK_MESSAGE};
-use crate::kinds::{acquire_methods, decode_counted, prefix_name, Kind, Named, Reply};
+use crate::kinds::{acquire_methods, decode_counted, prefix_name, Kind, Named, Reply, Sealed};
 use crate::shared::ClientInner;
 use crate::{Guard, Owner, Result};
 
@@ -284,6 +284,8 @@ impl Inner {
         [&self.hash.named.key, &self.queue, &self.timeouts]
     }
 }
+
+impl Sealed for FairLock {}
 
 impl Kind for FairLock {
     const KIND: &'static str = "fair_lock";

@@ -8,7 +8,7 @@ use crate::conn::{lua_script, Call, Conn, LuaScript};
 use crate::holds::HoldOps;
 use crate::hub::Wake;
 use crate::kinds::reentrant::{hash_lock_methods, HashLock};
-use crate::kinds::{acquire_methods, decode_counted, prefix_name, Kind, Named, Reply};
+use crate::kinds::{acquire_methods, decode_counted, prefix_name, Kind, Named, Reply, Sealed};
 use crate::shared::ClientInner;
 use crate::{Guard, Result};
 
@@ -114,6 +114,8 @@ impl Guard<FencedLock> {
         self.extra()
     }
 }
+
+impl Sealed for FencedLock {}
 
 impl Kind for FencedLock {
     const KIND: &'static str = "fenced_lock";

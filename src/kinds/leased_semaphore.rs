@@ -12,7 +12,7 @@ use crate::hub::Wake;
 use crate::kinds::semaphore::{
     add_permits, check_count, check_recheck, set_permits, CHANNEL_PREFIX, DEFAULT_RECHECK_INTERVAL,
 };
-use crate::kinds::{lease_millis, prefix_name, Kind, Named, Reply};
+use crate::kinds::{lease_millis, prefix_name, Kind, Named, Reply, Sealed};
 use crate::shared::ClientInner;
 use crate::Guard;
 use crate::{Error, Result};
@@ -555,6 +555,8 @@ impl std::fmt::Debug for LeasedPermit {
             .finish()
     }
 }
+
+impl Sealed for LeasedSemaphore {}
 
 impl Kind for LeasedSemaphore {
     const KIND: &'static str = "leased_semaphore";

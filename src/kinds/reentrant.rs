@@ -8,7 +8,7 @@ use fred::types::Value;
 use crate::conn::{lua_script, Ack, Call, Conn};
 use crate::holds::{HoldOps, Renewal};
 use crate::hub::Wake;
-use crate::kinds::{acquire_methods, decode_counted, prefix_name, Kind, Named, Reply};
+use crate::kinds::{acquire_methods, decode_counted, prefix_name, Kind, Named, Reply, Sealed};
 use crate::owner::Owner;
 use crate::shared::ClientInner;
 use crate::Result;
@@ -319,6 +319,8 @@ impl Lock {
         named.client.hub.passable(&self.inner.channel, &named.key)
     }
 }
+
+impl Sealed for Lock {}
 
 impl Kind for Lock {
     const KIND: &'static str = "lock";

@@ -30,7 +30,7 @@ use crate::conn::{lua_script, Call, Conn, LuaScript};
 use crate::holds::{HoldOps, Renewal};
 use crate::hub::Wake;
 use crate::kinds::reentrant::RENEW;
-use crate::kinds::{acquire_methods, decode_counted, Kind, Named, Reply};
+use crate::kinds::{acquire_methods, decode_counted, Kind, Named, Reply, Sealed};
 use crate::owner::Owner;
 use crate::shared::ClientInner;
 use crate::{Error, Guard, Result};
@@ -414,6 +414,8 @@ impl WriteLock {
     }
 }
 
+impl Sealed for ReadLock {}
+
 impl Kind for ReadLock {
     const KIND: &'static str = "read_lock";
     type Extra = ();
@@ -449,6 +451,8 @@ impl Kind for ReadLock {
         self.half.clone()
     }
 }
+
+impl Sealed for WriteLock {}
 
 impl Kind for WriteLock {
     const KIND: &'static str = "write_lock";

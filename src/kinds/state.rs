@@ -1,4 +1,4 @@
-//! [`LockState`]: what Redis says about one lock right now (the tool's `status`).
+//! [`LockState`]: what Redis says about one lock hash right now (the tool's `status`).
 
 use std::time::Duration;
 
@@ -6,13 +6,18 @@ use fred::interfaces::{ClientLike, ClusterInterface};
 use fred::types::{ClusterHash, CustomCommand, Value};
 
 use crate::conn::{lua_script, LuaScript};
-use crate::kinds::Kind;
-use crate::{Error, Lock, PubSubMode, Result};
+use crate::kinds::{Kind, Named};
+use crate::{Error, Lock, Owner, PubSubMode, ReadWriteLock, Result};
 
 lua_script!(STATE, "lock/state.lua");
 
 /// Scripts of this module, loaded at connect.
 pub(crate) static SCRIPTS: &[&LuaScript] = &[&STATE];
+
+/// The field of a read/write lock's hash that holds its mode (Redisson's `RReadWriteLock`).
+const MODE_FIELD: &str = "mode";
+/// The suffix of a read/write lock's writer field, `<client uuid>:<number>:write`.
+const WRITE_SUFFIX: &str = ":write";
 
 /// A lock's owners, remaining lease and waiting subscribers, read at one moment.
 ///
@@ -21,9 +26,11 @@ pub(crate) static SCRIPTS: &[&LuaScript] = &[&STATE];
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LockState {
-    /// Each holder's owner field (`<client uuid>:<number>`) with its reentry count, sorted by
-    /// field. Empty when the lock is free.
-    pub owners: Vec<(String, u64)>,
+    /// Each hold: its owner with its reentry count, sorted by owner (a read/write lock's
+    /// read holds before its write hold). Empty when the lock is free.
+    pub owners: Vec<Holder>,
+    /// A read/write lock's mode; `None` for the other kinds and for a free lock.
+    pub mode: Option<ReadWriteMode>,
     /// The lease left; `None` when the lock is free.
     pub ttl: Option<Duration>,
     /// How many subscriber connections listen on the lock's channel. A redbaton or Redisson
@@ -31,6 +38,31 @@ pub struct LockState {
     /// On a cluster with classic pub/sub a subscriber may sit on any node, so every primary
     /// is asked and the counts are added up; with sharded pub/sub the channel's shard is.
     pub subscribers: u64,
+}
+
+/// One owner's hold of a lock, as [`LockState::owners`] lists it.
+///
+/// Ordered by owner, then half (the fields are in that order): an owner's read hold comes
+/// before its write hold, whatever their counts.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[non_exhaustive]
+pub struct Holder {
+    /// Who holds it.
+    pub owner: Owner,
+    /// For a read/write lock, the half held: a writer that also reads (a downgrade under
+    /// way) is listed once for each. `None` for the other kinds.
+    pub mode: Option<ReadWriteMode>,
+    /// How many times over (its reentry count).
+    pub count: u64,
+}
+
+/// A read/write lock's mode, or the half of it a hold is of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ReadWriteMode {
+    /// Shared: held by readers.
+    Read,
+    /// Exclusive: held by a writer (whose own read holds may sit beside it).
+    Write,
 }
 
 impl LockState {
@@ -41,7 +73,7 @@ impl LockState {
 
     /// The sum of all owners' reentry counts.
     pub fn hold_count(&self) -> u64 {
-        self.owners.iter().map(|(_, n)| n).sum()
+        self.owners.iter().map(|h| h.count).sum()
     }
 }
 
@@ -49,97 +81,155 @@ impl Lock {
     /// Reads the lock's owners with their counts, its remaining lease and the number of
     /// subscriber connections on its channel.
     ///
-    /// A key that is not a lock (another type, or a hash without an expiry) is refused with
-    /// [`Error::WrongType`].
+    /// Any kind kept in a lock hash can be read this way (a fair or fenced lock is one, and
+    /// so is a read/write lock: then [`mode`](LockState::mode) is set, and the subscribers are
+    /// those of this `Lock`'s channel; [`ReadWriteLock::state`] counts the read/write lock's).
+    /// A key that is not a lock (another type, a hash without an expiry, or with a field no
+    /// lock has) is refused with [`Error::WrongType`].
     ///
     /// ```no_run
     /// # async fn run(lock: redbaton::Lock) -> redbaton::Result<()> {
     /// let state = lock.state().await?;
-    /// for (owner, count) in &state.owners {
-    ///     println!("{owner} holds it {count} time(s); {:?} left", state.ttl);
+    /// for hold in &state.owners {
+    ///     println!("{} holds it {} time(s); {:?} left", hold.owner, hold.count, state.ttl);
     /// }
     /// # Ok(()) }
     /// ```
     pub async fn state(&self) -> Result<LockState> {
-        let named = self.named();
-        named.check()?;
-        let conn = &named.client.conn;
-        let reply: Vec<Value> = conn
-            .eval(&STATE, &[&named.key], Vec::new())
-            .await
-            .map_err(|e| named.error(&e))?;
-        let malformed = || Error::Redis(format!("unexpected state reply for {:?}", named.name()));
-        let pttl = reply
-            .first()
-            .and_then(Value::as_i64)
-            .ok_or_else(malformed)?;
-        let mut owners = Vec::new();
-        let ttl = if pttl == -2 {
-            None
-        } else {
-            let Some(Value::Array(fields)) = reply.get(1) else {
-                return Err(malformed());
-            };
-            for pair in fields.chunks(2) {
-                let [field, count] = pair else {
-                    return Err(malformed());
-                };
-                let field = field.as_string().ok_or_else(malformed)?;
-                let count = count.as_i64().unwrap_or(0).max(0) as u64;
-                owners.push((field, count));
-            }
-            owners.sort();
-            Some(Duration::from_millis(pttl.max(0) as u64))
-        };
-        let subscribers = self.subscribers().await.map_err(|e| named.error(&e))?;
-        Ok(LockState {
-            owners,
-            ttl,
-            subscribers,
-        })
+        read_state(self.named(), self.channel()).await
     }
+}
 
-    /// Subscriber connections on the lock's channel, across the nodes that can hold them.
-    async fn subscribers(&self) -> std::result::Result<u64, fred::error::Error> {
-        let named = self.named();
-        let redis = named.client.conn.redis();
-        let channel = self.channel();
-        let numsub = |command: &'static str, hash: ClusterHash| async move {
-            let reply: Vec<Value> = redis
-                .custom(
-                    CustomCommand::new_static("PUBSUB", hash, false),
-                    vec![command, channel],
-                )
-                .await?;
-            Ok::<u64, fred::error::Error>(
-                reply.get(1).and_then(Value::as_i64).unwrap_or(0).max(0) as u64
-            )
+impl ReadWriteLock {
+    /// Reads the lock's mode, its holds (each reader's and the writer's, with their counts),
+    /// its remaining lease and the number of subscriber connections on its channel
+    /// (`redisson_rwlock:{name}`), as [`Lock::state`] does for a lock.
+    ///
+    /// ```no_run
+    /// # async fn run(rw: redbaton::ReadWriteLock) -> redbaton::Result<()> {
+    /// let state = rw.state().await?;
+    /// if state.mode == Some(redbaton::ReadWriteMode::Read) {
+    ///     println!("{} reader(s)", state.owners.len());
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn state(&self) -> Result<LockState> {
+        read_state(self.read().named(), self.channel()).await
+    }
+}
+
+/// The state of the lock hash `named`, its waiters counted on `channel`.
+async fn read_state(named: &Named, channel: &str) -> Result<LockState> {
+    named.check()?;
+    let conn = &named.client.conn;
+    let reply: Vec<Value> = conn
+        .eval(&STATE, &[&named.key], Vec::new())
+        .await
+        .map_err(|e| named.error(&e))?;
+    let malformed = || Error::Redis(format!("unexpected state reply for {:?}", named.name()));
+    let pttl = reply
+        .first()
+        .and_then(Value::as_i64)
+        .ok_or_else(malformed)?;
+    let mut owners = Vec::new();
+    let mut mode = None;
+    let ttl = if pttl == -2 {
+        None
+    } else {
+        let Some(Value::Array(fields)) = reply.get(1) else {
+            return Err(malformed());
         };
-        match named.client.config.pubsub {
-            PubSubMode::Sharded => {
-                let slot = fred::util::redis_keyslot(channel.as_bytes());
-                numsub("SHARDNUMSUB", ClusterHash::Custom(slot)).await
-            }
-            PubSubMode::Classic if redis.is_clustered() => {
-                // A classic subscription lives on whichever node its connection chose.
-                let nodes = redis
-                    .cached_cluster_state()
-                    .map(|state| state.unique_primary_nodes())
-                    .unwrap_or_default();
-                let mut total = 0;
-                for node in nodes {
-                    let reply: Vec<Value> = redis
-                        .with_cluster_node(node)
-                        .custom(
-                            CustomCommand::new_static("PUBSUB", None, false),
-                            vec!["NUMSUB", channel],
-                        )
-                        .await?;
-                    total += reply.get(1).and_then(Value::as_i64).unwrap_or(0).max(0) as u64;
-                }
-                Ok(total)
-            }
-            PubSubMode::Classic => numsub("NUMSUB", ClusterHash::Random).await,
+        let pairs = fields.chunks(2).map(|pair| match pair {
+            [field, value] => Ok((field.as_string().ok_or_else(malformed)?, value)),
+            _ => Err(malformed()),
+        });
+        let pairs = pairs.collect::<Result<Vec<_>>>()?;
+        // The mode field makes it a read/write lock, whose writer's field has a suffix.
+        if let Some((_, value)) = pairs.iter().find(|(field, _)| field == MODE_FIELD) {
+            mode = match value.as_str().as_deref() {
+                Some("read") => Some(ReadWriteMode::Read),
+                Some("write") => Some(ReadWriteMode::Write),
+                _ => return Err(not_a_lock(named, &format!("mode {value:?}"))),
+            };
         }
+        for (field, count) in pairs {
+            if field == MODE_FIELD && mode.is_some() {
+                continue;
+            }
+            let (owner, half) = match (mode, field.strip_suffix(WRITE_SUFFIX)) {
+                (None, _) => (field.as_str(), None),
+                (Some(_), Some(writer)) => (writer, Some(ReadWriteMode::Write)),
+                (Some(_), None) => (field.as_str(), Some(ReadWriteMode::Read)),
+            };
+            let owner = owner
+                .parse()
+                .map_err(|_| not_a_lock(named, &format!("field {field:?}")))?;
+            owners.push(Holder {
+                owner,
+                mode: half,
+                count: count.as_i64().unwrap_or(0).max(0) as u64,
+            });
+        }
+        owners.sort();
+        Some(Duration::from_millis(pttl.max(0) as u64))
+    };
+    let subscribers = subscribers(named, channel)
+        .await
+        .map_err(|e| named.error(&e))?;
+    Ok(LockState {
+        owners,
+        mode,
+        ttl,
+        subscribers,
+    })
+}
+
+/// The error for a lock hash with `what` in it, which no lock has.
+fn not_a_lock(named: &Named, what: &str) -> Error {
+    Error::WrongType {
+        name: named.name().to_owned(),
+        detail: format!("a hash with {what}, which no lock has"),
+    }
+}
+
+/// Subscriber connections on `channel`, across the nodes that can hold them.
+async fn subscribers(named: &Named, channel: &str) -> std::result::Result<u64, fred::error::Error> {
+    let redis = named.client.conn.redis();
+    let numsub = |command: &'static str, hash: ClusterHash| async move {
+        let reply: Vec<Value> = redis
+            .custom(
+                CustomCommand::new_static("PUBSUB", hash, false),
+                vec![command, channel],
+            )
+            .await?;
+        Ok::<u64, fred::error::Error>(
+            reply.get(1).and_then(Value::as_i64).unwrap_or(0).max(0) as u64
+        )
+    };
+    match named.client.config.pubsub {
+        PubSubMode::Sharded => {
+            let slot = fred::util::redis_keyslot(channel.as_bytes());
+            numsub("SHARDNUMSUB", ClusterHash::Custom(slot)).await
+        }
+        PubSubMode::Classic if redis.is_clustered() => {
+            // A classic subscription lives on whichever node its connection chose.
+            let nodes = redis
+                .cached_cluster_state()
+                .map(|state| state.unique_primary_nodes())
+                .unwrap_or_default();
+            let mut total = 0;
+            for node in nodes {
+                let reply: Vec<Value> = redis
+                    .with_cluster_node(node)
+                    .custom(
+                        CustomCommand::new_static("PUBSUB", None, false),
+                        vec!["NUMSUB", channel],
+                    )
+                    .await?;
+                total += reply.get(1).and_then(Value::as_i64).unwrap_or(0).max(0) as u64;
+            }
+            Ok(total)
+        }
+        PubSubMode::Classic => numsub("NUMSUB", ClusterHash::Random).await,
     }
 }
