@@ -51,6 +51,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod failover;
+mod faults;
 #[path = "../../tests/support/history.rs"]
 mod history;
 mod parent;
@@ -58,6 +59,7 @@ mod parent;
 mod proxy;
 mod record;
 mod server;
+mod verdict;
 mod worker;
 
 /// Mutual exclusion at scale, under faults (see the example's docs).
