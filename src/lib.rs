@@ -193,6 +193,7 @@ mod client;
 mod config;
 mod conn;
 mod error;
+mod group;
 mod guard;
 mod holds;
 mod hub;
