@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use fred::interfaces::{ClientLike, HashesInterface, KeysInterface};
 use redbaton::{Client, Error, ReplicaSync, AUTO_REPLICA_TIMEOUT};
+use support::proxy::{Mode, Proxy};
 use support::{eventually, RedisServer};
 
 /// A primary and one replica of it, the replica online.
@@ -33,9 +34,13 @@ async fn primary_with_replica() -> (RedisServer, RedisServer) {
 }
 
 async fn client(url: String, sync: ReplicaSync) -> Client {
+    client_with(url, sync, Duration::from_secs(5)).await
+}
+
+async fn client_with(url: String, sync: ReplicaSync, timeout: Duration) -> Client {
     Client::builder()
         .url(url)
-        .command_timeout(Duration::from_secs(5))
+        .command_timeout(timeout)
         .replica_sync(sync)
         .connect()
         .await
@@ -190,6 +195,65 @@ async fn a_caller_leaving_its_group_cancels_nothing() {
         "the callers that stayed got their guards"
     );
     drop(guards);
+    let left = support::still_held(&raw, names).await;
+    assert!(left.is_empty(), "left held: {left:?}");
+}
+
+/// A group whose replies are lost: its callers give up with a typed error, the scripts that
+/// ran are settled (the owner's count trimmed back), and those still queued run once the
+/// connection is back, their holds released since nobody waits for them — nothing is left
+/// held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_whose_replies_are_lost_leaves_nothing_held() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port).await;
+    let client = client_with(proxy.url(), ReplicaSync::Off, Duration::from_secs(1)).await;
+    let raw = server.raw().await;
+    // Loaded before the replies go: a NOSCRIPT's reload would be lost too.
+    drop(client.lock("warm").lock().await.unwrap());
+    let released = eventually(Duration::from_secs(5), || async {
+        raw.exists::<i64, _>("warm").await.unwrap() == 0
+    })
+    .await;
+    assert!(released, "the warm-up hold was released");
+    proxy.set(Mode::RepliesLost);
+    let names: Vec<String> = (0..10).map(|i| format!("lost-{i}")).collect();
+    let tries = names.iter().map(|name| {
+        let lock = client.lock(name);
+        tokio::spawn(async move { lock.try_lock().await.map(|guard| guard.is_some()) })
+    });
+    let outcomes = futures::future::join_all(tries).await;
+    for (name, outcome) in names.iter().zip(outcomes) {
+        let outcome = outcome.unwrap();
+        assert!(outcome.is_err(), "{name}: no reply, yet {outcome:?}");
+    }
+    let ran = raw.exists::<i64, _>(names.clone()).await.unwrap();
+    assert!(
+        ran >= 1,
+        "the first group's script ran; only its reply was lost"
+    );
+    proxy.set(Mode::Cut);
+    // Cut once the client's connections are gone: only `raw`'s is left.
+    let cut = eventually(Duration::from_secs(10), || async {
+        let info: String = raw
+            .info(Some(fred::types::InfoKind::Clients))
+            .await
+            .unwrap();
+        info.contains("connected_clients:1\r")
+    })
+    .await;
+    assert!(cut, "the proxy cut the client's connections");
+    proxy.set(Mode::Open);
+    // The slot's groups go on: a later call gets its reply.
+    let after = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if let Ok(guard) = client.lock("after").try_lock().await {
+                return guard.is_some();
+            }
+        }
+    })
+    .await;
+    assert_eq!(after, Ok(true), "a later call went out and got the lock");
     let left = support::still_held(&raw, names).await;
     assert!(left.is_empty(), "left held: {left:?}");
 }
