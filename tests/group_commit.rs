@@ -257,3 +257,28 @@ async fn a_group_whose_replies_are_lost_leaves_nothing_held() {
     let left = support::still_held(&raw, names).await;
     assert!(left.is_empty(), "left held: {left:?}");
 }
+
+/// A healthy replica acknowledges every group: concurrent acquires and releases under `Auto`
+/// all succeed, and what they took is on the replica before each guard exists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_healthy_replica_acknowledges_every_group() {
+    let (primary, replica) = primary_with_replica().await;
+    let client = client(primary.url(), ReplicaSync::Auto).await;
+    let on_replica = replica.raw().await;
+    let tasks = (0..32).map(|task| {
+        let client = client.clone();
+        let on_replica = on_replica.clone();
+        tokio::spawn(async move {
+            for round in 0..10 {
+                let name = format!("acked-{task}-{round}");
+                let guard = client.lock(&name).lock().await.unwrap();
+                let there: i64 = on_replica.exists(&name).await.unwrap();
+                assert_eq!(there, 1, "{name} is on the replica once acquired");
+                guard.unlock().await.unwrap();
+            }
+        })
+    });
+    for task in futures::future::join_all(tasks).await {
+        task.unwrap();
+    }
+}
