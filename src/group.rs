@@ -164,15 +164,25 @@ impl Groups {
         // `WAIT`: both share the connection in that order, and fred never re-sends either
         // (one attempt), so `WAIT` cannot overtake the scripts.
         let scripts = async {
-            let mut replies = pipeline.try_all::<Value>().await.into_iter();
+            let replies = pipeline.try_all::<Value>().await;
+            // One error for a group of several is the pipeline's own (fred could not route
+            // it, or its connection dropped): every member's.
+            let whole = match replies.as_slice() {
+                [Err(e)] if sent.len() > 1 => Some(e.clone()),
+                _ => None,
+            };
+            let mut replies = replies.into_iter();
             let mut acking = Vec::new();
             for (reply, wants_ack) in sent {
-                let outcome = replies.next().unwrap_or_else(|| {
-                    Err(FredError::new(
-                        ErrorKind::Protocol,
-                        "no reply to the script",
-                    ))
-                });
+                let outcome = match &whole {
+                    Some(e) => Err(e.clone()),
+                    None => replies.next().unwrap_or_else(|| {
+                        Err(FredError::new(
+                            ErrorKind::Protocol,
+                            "no reply to the script",
+                        ))
+                    }),
+                };
                 if wants_ack {
                     acking.push((reply, outcome));
                 } else {
