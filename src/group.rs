@@ -11,8 +11,9 @@
 //! A group's `WAIT` lasts no longer than the earliest acknowledgement deadline among its
 //! members (each member's deadline runs from when it was issued), so a member kept waiting
 //! behind an earlier group is answered by its own deadline, not by its own timeout after the
-//! previous group's. The group runs in a task of its own: a caller that stops waiting cancels
-//! nothing, and its outcome is still learnt (its receiver is merely gone).
+//! previous group's. A script issued while nothing is in flight leaves from its caller's task
+//! (no hop to another: the uncontended path costs what it did); every later group runs in a
+//! task of its own, so a caller that stops waiting cancels no one else's script.
 //!
 //! Each member's script is sent exactly once here; what a caller does with a refusal
 //! (NOSCRIPT, a redirection) is [`crate::conn`]'s, per caller, as for a script sent alone.
@@ -56,15 +57,18 @@ struct Queue {
 /// The group-commit write path of one client.
 pub(crate) struct Groups {
     redis: fred::clients::Client,
-    /// A slot has an entry exactly while a task drives its groups.
+    /// Where the groups' tasks run (a caller may stop waiting outside any runtime context).
+    runtime: tokio::runtime::Handle,
+    /// A slot has an entry exactly while a group of it is in flight.
     queues: Mutex<HashMap<Option<u16>, Queue>>,
 }
 
 impl Groups {
-    /// The write path over `redis`.
+    /// The write path over `redis`, its tasks on the current runtime.
     pub(crate) fn new(redis: fred::clients::Client) -> Arc<Groups> {
         Arc::new(Groups {
             redis,
+            runtime: tokio::runtime::Handle::current(),
             queues: Mutex::new(HashMap::new()),
         })
     }
@@ -83,14 +87,29 @@ impl Groups {
             wait: wait.map(|wait| (wait, Instant::now() + wait.timeout)),
             reply,
         };
-        let lead = {
+        let alone = {
             let mut queues = self.queues.lock();
-            let lead = !queues.contains_key(&slot);
-            queues.entry(slot).or_default().next.push(member);
-            lead
+            match queues.get_mut(&slot) {
+                Some(queue) => {
+                    queue.next.push(member);
+                    None
+                }
+                None => {
+                    queues.insert(slot, Queue::default());
+                    Some(member)
+                }
+            }
         };
-        if lead {
-            tokio::spawn(self.clone().drive(slot));
+        if let Some(member) = alone {
+            // Nothing in flight: sent from the caller's own task, with no hop to another. Scripts
+            // issued meanwhile form the next group, which a task sends (see `Handover`), so a
+            // caller that stops waiting here strands nobody.
+            let handover = Handover {
+                groups: self.clone(),
+                slot,
+            };
+            self.run(slot, vec![member]).await;
+            drop(handover);
         }
         outcome.await.unwrap_or_else(|_| {
             // The task was dropped with the group (the runtime shutting down): it may have
@@ -100,6 +119,18 @@ impl Groups {
                 None,
             )
         })
+    }
+
+    /// After a group sent from a caller's task: hands the groups issued meanwhile to a task,
+    /// or frees the slot when there are none.
+    fn hand_over(self: &Arc<Self>, slot: Option<u16>) {
+        let mut queues = self.queues.lock();
+        if queues.get(&slot).is_some_and(|queue| queue.next.is_empty()) {
+            queues.remove(&slot);
+        } else {
+            drop(queues);
+            self.runtime.spawn(self.clone().drive(slot));
+        }
     }
 
     /// Sends `slot`'s groups one after the other until none is waiting.
@@ -204,5 +235,18 @@ impl Groups {
         for (reply, outcome) in acking {
             let _ = reply.send((outcome, waited.clone()));
         }
+    }
+}
+
+/// Hands a slot's later groups on when the group sent from a caller's task is done, or when
+/// that caller stopped waiting for it.
+struct Handover {
+    groups: Arc<Groups>,
+    slot: Option<u16>,
+}
+
+impl Drop for Handover {
+    fn drop(&mut self) {
+        self.groups.hand_over(self.slot);
     }
 }
