@@ -744,7 +744,7 @@ fn migrating_to(nodes: &str, slot: u16) -> Option<&str> {
 /// back on the same connection: the script's reply, and the number of replicas `WAIT`
 /// reported. With `asking`, all go to that node after `ASKING`, in one pipeline so that no
 /// other command can come between `ASKING` and the script.
-async fn send(
+pub(crate) async fn send(
     redis: &fred::clients::Client,
     options: &Options,
     name: &'static str,

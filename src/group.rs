@@ -30,7 +30,7 @@ use parking_lot::Mutex;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use crate::conn::{acked, wait_command, Wait};
+use crate::conn::{acked, send, wait_command, Wait};
 
 /// The shortest `WAIT` a group sends: `WAIT` with a timeout of 0 blocks for ever.
 const MIN_WAIT: Duration = Duration::from_millis(1);
@@ -81,36 +81,44 @@ impl Groups {
         command: Vec<Value>,
         wait: Option<Wait>,
     ) -> Outcome {
-        let (reply, outcome) = oneshot::channel();
-        let member = Member {
-            command,
-            wait: wait.map(|wait| (wait, Instant::now() + wait.timeout)),
-            reply,
-        };
-        let alone = {
+        let queued = {
             let mut queues = self.queues.lock();
             match queues.get_mut(&slot) {
                 Some(queue) => {
-                    queue.next.push(member);
-                    None
+                    let (reply, outcome) = oneshot::channel();
+                    queue.next.push(Member {
+                        command,
+                        wait: wait.map(|wait| (wait, Instant::now() + wait.timeout)),
+                        reply,
+                    });
+                    Ok(outcome)
                 }
                 None => {
                     queues.insert(slot, Queue::default());
-                    Some(member)
+                    Err(command)
                 }
             }
         };
-        if let Some(member) = alone {
-            // Nothing in flight: sent from the caller's own task, with no hop to another. Scripts
-            // issued meanwhile form the next group, which a task sends (see `Handover`), so a
-            // caller that stops waiting here strands nobody.
-            let handover = Handover {
-                groups: self.clone(),
-                slot,
-            };
-            self.run(slot, vec![member]).await;
-            drop(handover);
-        }
+        let outcome = match queued {
+            Ok(outcome) => outcome,
+            Err(command) => {
+                // Nothing in flight: a group of one, sent from the caller's own task as a
+                // plain send (no hop to another task, no pipeline to build). Scripts issued
+                // meanwhile form the next group, which a task sends (see `Handover`), so a
+                // caller that stops waiting here strands nobody.
+                let handover = Handover {
+                    groups: self.clone(),
+                    slot,
+                };
+                let options = Options {
+                    timeout: Some(Duration::ZERO),
+                    ..Options::default()
+                };
+                let sent = send(&self.redis, &options, "EVALSHA", slot, command, wait, None).await;
+                drop(handover);
+                return sent;
+            }
+        };
         outcome.await.unwrap_or_else(|_| {
             // The task was dropped with the group (the runtime shutting down): it may have
             // been sent.
