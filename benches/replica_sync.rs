@@ -6,8 +6,11 @@
 //!
 //! ```sh
 //! cargo bench --bench replica_sync                 # 3 runs
-//! cargo bench --bench replica_sync -- runs=5 iters=2000 handoffs=300
+//! cargo bench --bench replica_sync -- runs=5 iters=2000 handoffs=300 many_secs=3
 //! ```
+//!
+//! A second table gives the many-keys throughput (`names` names × `many_tasks` tasks, each
+//! task locking and unlocking names at random for `many_secs` seconds per mode).
 //!
 //! It starts a private primary and a replica of it on free loopback ports. Each run measures
 //! both modes in alternating blocks and reports their medians and the ratio on/off; the
@@ -58,6 +61,30 @@ async fn cycles(client: &Client, name: &str, iters: usize) -> Vec<f64> {
         out.push(t.elapsed().as_secs_f64() * 1e6);
     }
     out
+}
+
+/// Acquisitions per second: `tasks` tasks lock and unlock names drawn from `names` for `secs`.
+async fn many(client: &Client, names: usize, tasks: usize, secs: u64) -> f64 {
+    let stop = Instant::now() + Duration::from_secs(secs);
+    let workers = (0..tasks).map(|_| {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let mut done = 0u64;
+            while Instant::now() < stop {
+                let name = format!("bench:many:{}", fastrand::usize(..names));
+                let guard = client.lock(&name).lock().await.unwrap();
+                guard.unlock().await.unwrap();
+                done += 1;
+            }
+            done
+        })
+    });
+    let started = Instant::now();
+    let mut total = 0;
+    for worker in workers.collect::<Vec<_>>() {
+        total += worker.await.unwrap();
+    }
+    total as f64 / started.elapsed().as_secs_f64()
 }
 
 /// One command on `redis`, followed in the same pipeline by `WAIT 1 5000` when `sync`.
@@ -129,6 +156,9 @@ async fn main() {
     let runs = opt(&args, "runs", 3).max(1);
     let iters = opt(&args, "iters", 1000).max(10);
     let n_handoffs = opt(&args, "handoffs", 200).max(10);
+    let many_secs = opt(&args, "many_secs", 2).max(1) as u64;
+    let names = opt(&args, "names", 1000).max(1);
+    let many_tasks = opt(&args, "many_tasks", 64).max(1);
     let blocks = 4;
 
     let primary = RedisServer::start();
@@ -212,6 +242,23 @@ async fn main() {
             f_on / f_off
         );
     }
+    println!();
+    println!("many keys, {names} names × {many_tasks} tasks, {many_secs} s per mode, alternating:");
+    println!();
+    println!("| run | many off (acq/s) | many on (acq/s) | ratio |");
+    println!("|---|---|---|---|");
+    let mut many_ratios = Vec::new();
+    for run in 1..=runs {
+        let (m_off, m_on) = if run % 2 == 1 {
+            let m_off = many(&off, names, many_tasks, many_secs).await;
+            (m_off, many(&on, names, many_tasks, many_secs).await)
+        } else {
+            let m_on = many(&on, names, many_tasks, many_secs).await;
+            (many(&off, names, many_tasks, many_secs).await, m_on)
+        };
+        many_ratios.push(m_on / m_off);
+        println!("| {run} | {m_off:.0} | {m_on:.0} | {:.2}× |", m_on / m_off);
+    }
     let summary = |v: &[f64]| {
         let min = v.iter().cloned().fold(f64::INFINITY, f64::min);
         let max = v.iter().cloned().fold(0.0, f64::max);
@@ -223,6 +270,10 @@ async fn main() {
         summary(&cycle_ratios),
         summary(&handoff_ratios),
         summary(&floor_ratios)
+    );
+    println!(
+        "median over runs: many keys on/off {}",
+        summary(&many_ratios)
     );
     off.shutdown().await.unwrap();
     on.shutdown().await.unwrap();

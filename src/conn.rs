@@ -19,10 +19,14 @@
 //!   learnt. Only a connection that broke with the call in flight leaves it unknown
 //!   ([`Failed::MaybeRan`]); the engine then settles the owner's count.
 //!
-//! With replica sync (see [`ReplicaSync`]), a script that changes a lock is followed by `WAIT`
-//! in the same pipeline — one round trip, the same connection, and on a cluster the node that
-//! owns the key's slot, since `WAIT` only counts the writes of the connection that sends it.
+//! Scripts that change a lock go out in groups ([`group`]): those issued while an
+//! earlier group is in flight leave together. With replica sync (see [`ReplicaSync`]), a group
+//! is followed by one `WAIT` back to back — the same connection, and on a cluster the node that
+//! owns the keys' slot, since `WAIT` only counts the writes of the connection that sends it.
 
+mod group;
+
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
@@ -42,6 +46,7 @@ use parking_lot::RwLock;
 use crate::config::{ReplicaSync, AUTO_REPLICA_TIMEOUT};
 use crate::error::{is_noscript, is_redirect, is_rewrite, is_tryagain, is_unblocked};
 use crate::Error;
+use group::Groups;
 
 /// A Lua script of the crate: its text, compiled into the binary, and its SHA1.
 pub(crate) type LuaScript = LazyLock<Script>;
@@ -132,6 +137,22 @@ impl std::fmt::Display for Failed {
     }
 }
 
+thread_local! {
+    /// Set while [`unsynced`] builds calls.
+    static UNSYNCED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Builds, with `build`, counted calls that send no `WAIT`: for a release that undoes an
+/// acquire which did not count. Nobody acts on that release's acknowledgement (the replicas
+/// get it in order with the acquire, or the acquire's lease ends it), and awaiting one would
+/// make a refusal cost a second acknowledgement timeout.
+pub(crate) fn unsynced<T>(build: impl FnOnce() -> T) -> T {
+    let was = UNSYNCED.replace(true);
+    let built = build();
+    UNSYNCED.set(was);
+    built
+}
+
 /// The round trip of a counted script: `'static`, so it can outlive its caller.
 pub type Call = Pin<Box<dyn Future<Output = Result<Value, Failed>> + Send>>;
 
@@ -158,9 +179,9 @@ impl Ack {
 
 /// How many replicas to wait for, for how long.
 #[derive(Clone, Copy)]
-struct Wait {
-    replicas: u32,
-    timeout: Duration,
+pub(crate) struct Wait {
+    pub(crate) replicas: u32,
+    pub(crate) timeout: Duration,
 }
 
 /// The command connection, shared by everything of one client.
@@ -173,6 +194,8 @@ pub struct Conn {
     closed: AtomicBool,
     /// Shared with each counted call's `'static` round trip: one reference count per call.
     replication: Arc<Replication>,
+    /// The group-commit write path of the scripts that change a lock.
+    groups: Arc<Groups>,
 }
 
 /// What `WAIT`, if any, follows a script that changes a lock. Decided again for every send:
@@ -235,6 +258,7 @@ impl Conn {
         sync: ReplicaSync,
     ) -> Arc<Conn> {
         let redis_clustered = redis.is_clustered();
+        let groups = Groups::new(redis.clone());
         let conn = Arc::new(Conn {
             clustered: redis_clustered,
             redis,
@@ -247,6 +271,7 @@ impl Conn {
                 replicas: RwLock::new(HashMap::new()),
                 any_replicas: AtomicBool::new(false),
             }),
+            groups,
         });
         if conn.replication.sync == ReplicaSync::Auto {
             conn.count_replicas().await;
@@ -340,6 +365,7 @@ impl Conn {
         let run = Run {
             redis: &self.redis,
             replication: &self.replication,
+            groups: &self.groups,
             name,
             script: None,
             command,
@@ -362,6 +388,7 @@ impl Conn {
         let run = Run {
             redis: &self.redis,
             replication: &self.replication,
+            groups: &self.groups,
             name: "EVALSHA",
             script: Some(script),
             command: evalsha_args(script, keys, args),
@@ -398,8 +425,10 @@ impl Conn {
         // The slot, not the key, is what routing and `WAIT` need: no copy of the key is kept.
         let slot = self.slot(keys);
         let replication = self.replication.clone();
+        let groups = self.groups.clone();
         let redis = self.redis.clone();
         let retry_for = self.command_timeout;
+        let synced = !UNSYNCED.get();
         Box::pin(async move {
             // No timeout of fred's: a timed-out command that was still queued would be
             // skipped, and one already written would have its reply thrown away; either way
@@ -407,6 +436,7 @@ impl Conn {
             let run = Run {
                 redis: &redis,
                 replication: &replication,
+                groups: &groups,
                 name: "EVALSHA",
                 script: Some(script),
                 command,
@@ -415,7 +445,7 @@ impl Conn {
                     timeout: Some(Duration::ZERO),
                     ..Options::default()
                 },
-                synced: true,
+                synced,
                 idempotent: false,
                 retry_for,
             };
@@ -542,6 +572,8 @@ async fn follow_replicas(conn: Weak<Conn>) {
 struct Run<'a> {
     redis: &'a fred::clients::Client,
     replication: &'a Replication,
+    /// Where a script that changes a lock goes (see `synced`).
+    groups: &'a Arc<Groups>,
     /// `EVALSHA`, or the command read.
     name: &'static str,
     /// The script `EVALSHA` runs, reloaded on NOSCRIPT.
@@ -550,7 +582,8 @@ struct Run<'a> {
     command: Vec<Value>,
     slot: Option<u16>,
     options: Options,
-    /// Whether a `WAIT` follows where replica sync asks for one.
+    /// Whether a `WAIT` follows where replica sync asks for one: such a command changes a
+    /// lock, and goes in a group (see [`group`]) unless it must follow `ASKING`.
     synced: bool,
     /// Whether a write fred refused (which may follow a run) may be sent again.
     idempotent: bool,
@@ -595,16 +628,31 @@ impl Run<'_> {
             } else {
                 self.options.clone()
             };
-            let (reply, waited) = send(
-                self.redis,
-                &options,
-                self.name,
-                self.slot,
-                self.command.clone(),
-                wait,
-                asking.as_ref(),
-            )
-            .await;
+            let (reply, waited) =
+                if self.synced && asking.is_none() {
+                    let grouped = self.groups.send(self.slot, self.command.clone(), wait);
+                    match options.timeout.filter(|t| !t.is_zero()) {
+                        // The group goes on without this caller: only its wait is bounded.
+                        Some(timeout) => tokio::time::timeout(timeout, grouped)
+                            .await
+                            .unwrap_or_else(|_| {
+                                let e = FredError::new(ErrorKind::Timeout, "Request timed out.");
+                                (Err(e), None)
+                            }),
+                        None => grouped.await,
+                    }
+                } else {
+                    send(
+                        self.redis,
+                        &options,
+                        self.name,
+                        self.slot,
+                        self.command.clone(),
+                        wait,
+                        asking.as_ref(),
+                    )
+                    .await
+                };
             let err = match reply {
                 Ok(reply) => {
                     return Ok(Sent {
@@ -698,7 +746,7 @@ fn migrating_to(nodes: &str, slot: u16) -> Option<&str> {
 /// back on the same connection: the script's reply, and the number of replicas `WAIT`
 /// reported. With `asking`, all go to that node after `ASKING`, in one pipeline so that no
 /// other command can come between `ASKING` and the script.
-async fn send(
+pub(crate) async fn send(
     redis: &fred::clients::Client,
     options: &Options,
     name: &'static str,
@@ -710,22 +758,6 @@ async fn send(
     // Any node when not clustered.
     let hash = slot.map_or(ClusterHash::Random, ClusterHash::Custom);
     let first = CustomCommand::new_static(name, hash.clone(), false);
-    let wait_command = |wait: Wait| {
-        (
-            CustomCommand::new_static("WAIT", hash.clone(), false),
-            vec![
-                Value::from(i64::from(wait.replicas)),
-                Value::from(wait.timeout.as_millis() as i64),
-            ],
-        )
-    };
-    let acked = |waited: Result<Value, FredError>| {
-        waited.and_then(|v| {
-            v.as_i64()
-                .map(|n| n.max(0) as u32)
-                .ok_or_else(|| FredError::new(ErrorKind::Parse, "WAIT replied no number"))
-        })
-    };
     if let Some(node) = asking {
         let options = Options {
             cluster_node: Some(node.clone()),
@@ -739,7 +771,7 @@ async fn send(
             queued.custom::<(), Value>(first, command).await,
         ];
         if let Some(wait) = wait {
-            let (wait_command, wait_args) = wait_command(wait);
+            let (wait_command, wait_args) = wait_command(hash.clone(), wait);
             queue.push(queued.custom::<(), Value>(wait_command, wait_args).await);
         }
         if let Some(Err(e)) = queue.into_iter().find(Result::is_err) {
@@ -770,7 +802,7 @@ async fn send(
             .await;
         return (reply, None);
     };
-    let (wait_command, wait_args) = wait_command(wait);
+    let (wait_command, wait_args) = wait_command(hash, wait);
     // Both go to the router in this order (each future enqueues its command on its first
     // poll, and `join!` polls in order), so they share the node's connection back to back;
     // fred never re-sends either (one attempt), so `WAIT` cannot overtake the script.
@@ -780,6 +812,26 @@ async fn send(
         client.custom::<Value, Value>(wait_command, wait_args),
     );
     (reply, Some(acked(waited)))
+}
+
+/// `WAIT` for `wait`, routed by `hash`.
+pub(crate) fn wait_command(hash: ClusterHash, wait: Wait) -> (CustomCommand, Vec<Value>) {
+    (
+        CustomCommand::new_static("WAIT", hash, false),
+        vec![
+            Value::from(i64::from(wait.replicas)),
+            Value::from(wait.timeout.as_millis() as i64),
+        ],
+    )
+}
+
+/// The number of replicas a `WAIT` reply reports.
+pub(crate) fn acked(waited: Result<Value, FredError>) -> Result<u32, FredError> {
+    waited.and_then(|v| {
+        v.as_i64()
+            .map(|n| n.max(0) as u32)
+            .ok_or_else(|| FredError::new(ErrorKind::Parse, "WAIT replied no number"))
+    })
 }
 
 /// `EVALSHA sha numkeys key... arg...` as arguments.

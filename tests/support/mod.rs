@@ -116,6 +116,11 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
+    /// The server's process id, while it runs (to stop it with `SIGSTOP`, say).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Kills the server (SIGKILL) and waits for it.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {

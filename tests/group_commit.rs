@@ -1,0 +1,284 @@
+//! The write path's group commit: scripts that change a lock, issued while an earlier group
+//! is in flight, go out together with one `WAIT` — and a stalled replica costs each acquire
+//! its own acknowledgement timeout, not a queue of everyone's.
+
+mod support;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use fred::interfaces::{ClientLike, HashesInterface, KeysInterface};
+use redbaton::{Client, Error, ReplicaSync, AUTO_REPLICA_TIMEOUT};
+use support::proxy::{Mode, Proxy};
+use support::{eventually, RedisServer};
+
+/// A primary and one replica of it, the replica online.
+async fn primary_with_replica() -> (RedisServer, RedisServer) {
+    let primary = RedisServer::start();
+    let port = primary.port.to_string();
+    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
+    let raw = primary.raw().await;
+    let online = eventually(Duration::from_secs(30), || {
+        let raw = raw.clone();
+        async move {
+            let info: String = raw
+                .info(Some(fred::types::InfoKind::Replication))
+                .await
+                .unwrap();
+            info.contains("state=online")
+        }
+    })
+    .await;
+    assert!(online, "the replica came online");
+    (primary, replica)
+}
+
+async fn client(url: String, sync: ReplicaSync) -> Client {
+    client_with(url, sync, Duration::from_secs(5)).await
+}
+
+async fn client_with(url: String, sync: ReplicaSync, timeout: Duration) -> Client {
+    Client::builder()
+        .url(url)
+        .command_timeout(timeout)
+        .replica_sync(sync)
+        .connect()
+        .await
+        .unwrap()
+}
+
+/// Sends `signal` (`-STOP`, `-CONT`) to a server's process.
+fn signal(server: &RedisServer, signal: &str) {
+    let pid = server.pid().expect("the server runs").to_string();
+    let status = Command::new("kill").args([signal, &pid]).status().unwrap();
+    assert!(status.success(), "kill {signal} {pid}");
+}
+
+/// A stopped replica never acknowledges: five concurrent tries on unrelated names each get
+/// their typed refusal within their own acknowledgement timeout (plus a second of slack),
+/// rather than queueing behind one another's `WAIT`s, and none leaves its key held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_replica_costs_each_acquire_its_own_timeout() {
+    let (primary, replica) = primary_with_replica().await;
+    let client = client(primary.url(), ReplicaSync::Auto).await;
+    let raw = primary.raw().await;
+    signal(&replica, "-STOP");
+    let names: Vec<String> = (0..5).map(|i| format!("unrelated-{i}")).collect();
+    let tries = names.iter().map(|name| {
+        let lock = client.lock(name);
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let outcome = lock.try_lock().await.map(|guard| guard.is_some());
+            (outcome, started.elapsed())
+        })
+    });
+    let outcomes = futures::future::join_all(tries).await;
+    let bound = AUTO_REPLICA_TIMEOUT + Duration::from_secs(1);
+    for (name, outcome) in names.iter().zip(outcomes) {
+        let (outcome, took) = outcome.unwrap();
+        assert!(
+            matches!(outcome, Err(Error::NotReplicated { .. })),
+            "{name}: {outcome:?} after {took:?}"
+        );
+        assert!(
+            took <= bound,
+            "{name}: refused after {took:?}, past {bound:?}"
+        );
+        // Refused means released: the undo ran on the primary before the refusal returned.
+        let held: i64 = raw.exists(name).await.unwrap();
+        assert_eq!(
+            held, 0,
+            "{name} was left held on the primary after its refusal"
+        );
+    }
+    signal(&replica, "-CONT");
+    let _ = tokio::time::timeout(Duration::from_secs(10), client.shutdown()).await;
+}
+
+/// Concurrent tries, grouped, each get their own script's reply: on names another client
+/// holds, `None`; on free names, a guard whose hold is in Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_callers_each_get_their_own_reply() {
+    let server = RedisServer::start();
+    let holder = client(server.url(), ReplicaSync::Off).await;
+    let tried = client(server.url(), ReplicaSync::Off).await;
+    let raw = server.raw().await;
+    let names: Vec<String> = (0..200).map(|i| format!("mixed-{i}")).collect();
+    let mut held = Vec::new();
+    for name in names.iter().step_by(2) {
+        held.push(holder.lock(name).lock().await.unwrap());
+    }
+    let tries = names.iter().map(|name| {
+        let lock = tried.lock(name);
+        tokio::spawn(async move { lock.try_lock().await })
+    });
+    let outcomes = futures::future::join_all(tries).await;
+    let mut guards = Vec::new();
+    for (i, (name, outcome)) in names.iter().zip(outcomes).enumerate() {
+        let guard = outcome.unwrap().unwrap_or_else(|e| panic!("{name}: {e}"));
+        if i % 2 == 0 {
+            assert!(guard.is_none(), "{name} is held by the other client");
+        } else {
+            assert!(guard.is_some(), "{name} is free");
+            let exists: i64 = raw.exists(name).await.unwrap();
+            assert_eq!(exists, 1, "{name}'s hold is in Redis");
+            guards.push(guard);
+        }
+    }
+    drop(guards);
+    drop(held);
+    let left = support::still_held(&raw, names).await;
+    assert!(left.is_empty(), "left held: {left:?}");
+}
+
+/// The script cache emptied under a group: every member reloads and runs its own script,
+/// once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn noscript_in_a_group_runs_each_script_once() {
+    let server = RedisServer::start();
+    let client = client(server.url(), ReplicaSync::Off).await;
+    let raw = server.raw().await;
+    // Warm: the scripts are cached; then the cache is lost.
+    drop(client.lock("warm").lock().await.unwrap());
+    support::command(&raw, "SCRIPT", vec!["FLUSH".into()]).await;
+    let names: Vec<String> = (0..50).map(|i| format!("flushed-{i}")).collect();
+    let locks = names.iter().map(|name| {
+        let lock = client.lock(name);
+        tokio::spawn(async move { lock.lock().await })
+    });
+    let guards: Vec<_> = futures::future::join_all(locks)
+        .await
+        .into_iter()
+        .map(|g| g.unwrap().unwrap())
+        .collect();
+    for name in &names {
+        let counts: Vec<i64> = raw.hvals(name).await.unwrap();
+        assert_eq!(counts, vec![1], "{name} has one owner holding once");
+    }
+    drop(guards);
+    let left = support::still_held(&raw, names).await;
+    assert!(left.is_empty(), "left held: {left:?}");
+}
+
+/// Callers that stop waiting while their group is in flight cancel neither their own
+/// script (its hold, taken, is released) nor anyone else's in the group.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_leaving_its_group_cancels_nothing() {
+    let server = RedisServer::start();
+    let client = client(server.url(), ReplicaSync::Off).await;
+    let raw = server.raw().await;
+    let names: Vec<String> = (0..40).map(|i| format!("left-{i}")).collect();
+    let tasks: Vec<_> = names
+        .iter()
+        .map(|name| {
+            let lock = client.lock(name);
+            tokio::spawn(async move { lock.lock().await })
+        })
+        .collect();
+    // Every other caller leaves at once, most of them with their scripts queued or sent.
+    for task in tasks.iter().step_by(2) {
+        task.abort();
+    }
+    let mut guards = Vec::new();
+    for (i, (name, task)) in names.iter().zip(tasks).enumerate() {
+        match task.await {
+            Ok(guard) => {
+                guards.push(guard.unwrap_or_else(|e| panic!("{name}: {e}")));
+                let exists: i64 = raw.exists(name).await.unwrap();
+                assert_eq!(exists, 1, "{name}'s hold is in Redis");
+            }
+            Err(e) => assert!(i % 2 == 0 && e.is_cancelled(), "{name}: {e}"),
+        }
+    }
+    assert!(
+        guards.len() >= names.len() / 2,
+        "the callers that stayed got their guards"
+    );
+    drop(guards);
+    let left = support::still_held(&raw, names).await;
+    assert!(left.is_empty(), "left held: {left:?}");
+}
+
+/// A group whose replies are lost: its callers give up with a typed error, the scripts that
+/// ran are settled (the owner's count trimmed back), and those still queued run once the
+/// connection is back, their holds released since nobody waits for them — nothing is left
+/// held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_whose_replies_are_lost_leaves_nothing_held() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port).await;
+    let client = client_with(proxy.url(), ReplicaSync::Off, Duration::from_secs(1)).await;
+    let raw = server.raw().await;
+    // Loaded before the replies go: a NOSCRIPT's reload would be lost too.
+    drop(client.lock("warm").lock().await.unwrap());
+    let released = eventually(Duration::from_secs(5), || async {
+        raw.exists::<i64, _>("warm").await.unwrap() == 0
+    })
+    .await;
+    assert!(released, "the warm-up hold was released");
+    proxy.set(Mode::RepliesLost);
+    let names: Vec<String> = (0..10).map(|i| format!("lost-{i}")).collect();
+    let tries = names.iter().map(|name| {
+        let lock = client.lock(name);
+        tokio::spawn(async move { lock.try_lock().await.map(|guard| guard.is_some()) })
+    });
+    let outcomes = futures::future::join_all(tries).await;
+    for (name, outcome) in names.iter().zip(outcomes) {
+        let outcome = outcome.unwrap();
+        assert!(outcome.is_err(), "{name}: no reply, yet {outcome:?}");
+    }
+    let ran = raw.exists::<i64, _>(names.clone()).await.unwrap();
+    assert!(
+        ran >= 1,
+        "the first group's script ran; only its reply was lost"
+    );
+    proxy.set(Mode::Cut);
+    // Cut once the client's connections are gone: only `raw`'s is left.
+    let cut = eventually(Duration::from_secs(10), || async {
+        let info: String = raw
+            .info(Some(fred::types::InfoKind::Clients))
+            .await
+            .unwrap();
+        info.contains("connected_clients:1\r")
+    })
+    .await;
+    assert!(cut, "the proxy cut the client's connections");
+    proxy.set(Mode::Open);
+    // The slot's groups go on: a later call gets its reply.
+    let after = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if let Ok(guard) = client.lock("after").try_lock().await {
+                return guard.is_some();
+            }
+        }
+    })
+    .await;
+    assert_eq!(after, Ok(true), "a later call went out and got the lock");
+    let left = support::still_held(&raw, names).await;
+    assert!(left.is_empty(), "left held: {left:?}");
+}
+
+/// A healthy replica acknowledges every group: concurrent acquires and releases under `Auto`
+/// all succeed, and what they took is on the replica before each guard exists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_healthy_replica_acknowledges_every_group() {
+    let (primary, replica) = primary_with_replica().await;
+    let client = client(primary.url(), ReplicaSync::Auto).await;
+    let on_replica = replica.raw().await;
+    let tasks = (0..32).map(|task| {
+        let client = client.clone();
+        let on_replica = on_replica.clone();
+        tokio::spawn(async move {
+            for round in 0..10 {
+                let name = format!("acked-{task}-{round}");
+                let guard = client.lock(&name).lock().await.unwrap();
+                let there: i64 = on_replica.exists(&name).await.unwrap();
+                assert_eq!(there, 1, "{name} is on the replica once acquired");
+                guard.unlock().await.unwrap();
+            }
+        })
+    });
+    for task in futures::future::join_all(tasks).await {
+        task.unwrap();
+    }
+}
