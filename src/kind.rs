@@ -30,7 +30,7 @@ pub struct Named {
 
 impl Named {
     pub(crate) fn new(client: Arc<ClientInner>, name: &str) -> Named {
-        let key = text(format_args!("{}{name}", client.config.key_prefix));
+        let key = joined(&[&client.config.key_prefix, name]);
         let at = client.config.key_prefix.len();
         Named {
             client,
@@ -128,22 +128,40 @@ impl Named {
 
 /// `<client id>:<number>` as one allocation (it is made on every acquire).
 fn owner_text(client_id: &str, number: u64) -> Arc<str> {
-    text(format_args!("{client_id}:{number}"))
+    let mut digits = [0u8; 20];
+    joined(&[client_id, ":", decimal(number, &mut digits)])
 }
 
-/// `args` formatted as one allocation: written into a stack buffer first when it fits, as an
-/// owner field always does and most keys do (a `String` made into an `Arc<str>` would be two).
-fn text(args: std::fmt::Arguments<'_>) -> Arc<str> {
-    use std::io::Write;
-    let mut buf = [0u8; 160];
-    let mut cursor = std::io::Cursor::new(&mut buf[..]);
-    if cursor.write_fmt(args).is_ok() {
-        let len = cursor.position() as usize;
-        if let Ok(text) = std::str::from_utf8(&buf[..len]) {
-            return Arc::from(text);
+/// `number` in decimal, written at the end of `buf` (20 digits hold any `u64`): the owner
+/// field is made on every acquire, and the formatting machinery costs more than the copy.
+fn decimal(mut number: u64, buf: &mut [u8; 20]) -> &str {
+    let mut at = buf.len();
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (number % 10) as u8;
+        number /= 10;
+        if number == 0 {
+            break;
         }
     }
-    std::fmt::format(args).into()
+    std::str::from_utf8(&buf[at..]).expect("ASCII digits")
+}
+
+/// `parts` joined as one allocation: copied into a stack buffer first when they fit, as an
+/// owner field always does and most keys do (a `String` made into an `Arc<str>` would be two
+/// allocations), with no formatting pass (a key and a field are made on every cycle).
+fn joined(parts: &[&str]) -> Arc<str> {
+    let len: usize = parts.iter().map(|part| part.len()).sum();
+    let mut buf = [0u8; 160];
+    if len > buf.len() {
+        return parts.concat().into();
+    }
+    let mut at = 0;
+    for part in parts {
+        buf[at..at + part.len()].copy_from_slice(part.as_bytes());
+        at += part.len();
+    }
+    Arc::from(std::str::from_utf8(&buf[..len]).expect("joined from whole strings"))
 }
 
 /// What an acquire script said.
@@ -286,11 +304,11 @@ pub trait Kind: sealed::Sealed + Clone + Send + Sync + 'static {
 /// `prefix:{name}`, or `prefix:name` when the name already has a `{` (Redisson's
 /// `prefixName`): the braces put the channel or helper key in the lock key's cluster slot,
 /// unless the key's own hash tag already decides it.
-pub(crate) fn prefix_name(prefix: &str, key: &str) -> String {
+pub(crate) fn prefix_name(prefix: &str, key: &str) -> Arc<str> {
     if key.contains('{') {
-        format!("{prefix}:{key}")
+        joined(&[prefix, ":", key])
     } else {
-        format!("{prefix}:{{{key}}}")
+        joined(&[prefix, ":{", key, "}"])
     }
 }
 
@@ -322,11 +340,11 @@ mod tests {
     #[test]
     fn prefixed_names_follow_redisson() {
         assert_eq!(
-            prefix_name("redisson_lock__channel", "order:42"),
+            &*prefix_name("redisson_lock__channel", "order:42"),
             "redisson_lock__channel:{order:42}"
         );
         assert_eq!(
-            prefix_name("redisson_lock__channel", "{user}:a"),
+            &*prefix_name("redisson_lock__channel", "{user}:a"),
             "redisson_lock__channel:{user}:a"
         );
     }
@@ -362,17 +380,19 @@ mod tests {
 
     #[test]
     fn texts_of_any_length() {
-        assert_eq!(
-            &*text(format_args!("{}{}", "app:", "order:42")),
-            "app:order:42"
-        );
+        assert_eq!(&*joined(&["app:", "order:42"]), "app:order:42");
+        assert_eq!(&*joined(&[]), "");
         let long = "y".repeat(1000);
-        assert_eq!(&*text(format_args!("{}{long}", "p:")), format!("p:{long}"));
+        assert_eq!(&*joined(&["p:", &long]), format!("p:{long}"));
+        let fits = "z".repeat(158);
+        assert_eq!(&*joined(&["p:", &fits]), format!("p:{fits}"));
     }
 
     #[test]
     fn owner_texts_of_any_length() {
         assert_eq!(&*owner_text("abc", 7), "abc:7");
+        assert_eq!(&*owner_text("abc", 0), "abc:0");
+        assert_eq!(&*owner_text("abc", 1_000_000), "abc:1000000");
         let long = "x".repeat(200);
         assert_eq!(
             &*owner_text(&long, u64::MAX),

@@ -65,7 +65,7 @@ pub(crate) struct Opts {
     /// handoff_mp, wakeup, many, parked.
     only: Option<Vec<String>>,
     /// Comma-separated contenders (`contenders`; default all): redbaton, redbaton-nobaton,
-    /// redbaton-scripts (many keys only), naive-10ms, naive-jitter, rslock, rslock-10ms, rlock, rlock-10ms, redisson.
+    /// redbaton-scripts (uncontended and many keys only), naive-10ms, naive-jitter, rslock, rslock-10ms, rlock, rlock-10ms, redisson.
     pub(crate) contenders: Vec<Kind>,
     /// Also write the JSON lines to this file (`json`; default: stdout only). Relative to the
     /// workspace root, since cargo runs benches from their package's directory.
@@ -101,10 +101,13 @@ impl Opts {
         }
     }
 
-    /// The contenders a scenario runs: `redbaton-scripts` only separates costs in many keys.
+    /// The contenders a scenario runs: `redbaton-scripts` (no waiting of its own) only
+    /// separates costs, in many keys and in the uncontended cycle, where it is the floor
+    /// redbaton's own scripts set on a fred connection configured like redbaton's.
     pub(crate) fn contenders_in(&self, scenario: &str) -> Vec<Kind> {
-        let only_many = |k: &Kind| *k != Kind::Scripts || scenario == "many";
-        self.contenders.iter().copied().filter(only_many).collect()
+        let separates =
+            |k: &Kind| *k != Kind::Scripts || matches!(scenario, "many" | "uncontended");
+        self.contenders.iter().copied().filter(separates).collect()
     }
 
     pub(crate) fn runs(&self, scenario: &str) -> bool {

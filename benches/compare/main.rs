@@ -7,8 +7,8 @@
 //! `redbaton-nobaton` (`baton_passes(0)`, the behaviour before the baton pass) — uncontended, reentrant, hand-off (1 process and several
 //! processes), wake-up without barging, many keys and parked waiters. `redbaton-scripts`
 //! sends redbaton's own acquire and release scripts straight through fred with no library
-//! around them (polling 10 ms), so the many-keys table separates what the library costs from
-//! what the protocol costs; that table also gives the CPU time each acquisition costs the
+//! around them (polling 10 ms), so the uncontended and many-keys tables separate what the
+//! library costs from what the protocol costs; the many-keys table also gives the CPU time each acquisition costs the
 //! bench process and redis-server. It prints markdown tables, a target summary and one JSON
 //! line per scenario and contender.
 //!

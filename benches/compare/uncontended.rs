@@ -226,6 +226,13 @@ pub(crate) async fn uncontended(server: &RedisServer, opts: &Opts, out: &mut Str
             us(floor.evalsha_p50),
             pct(v, 50.0) as f64 / two_floor
         );
+        // The issue-28 target: the library's cycle against its own scripts sent raw.
+        if let Some(raw) = samples.get(Kind::Scripts.name()) {
+            println!(
+                "uncontended: redbaton / redbaton-scripts (raw scripts through fred) {:.3}",
+                pct(v, 50.0) as f64 / pct(raw, 50.0) as f64
+            );
+        }
     }
     floor
 }

@@ -124,8 +124,8 @@ impl FairLock {
     pub(crate) fn new(client: Arc<ClientInner>, name: &str) -> FairLock {
         let wait_ms = client.config.fair_lock_wait.as_millis() as i64;
         let hash = HashLock::new(client, name, Self::KIND);
-        let queue = prefix_name(QUEUE_PREFIX, &hash.named.key).into();
-        let timeouts = prefix_name(TIMEOUT_PREFIX, &hash.named.key).into();
+        let queue = prefix_name(QUEUE_PREFIX, &hash.named.key);
+        let timeouts = prefix_name(TIMEOUT_PREFIX, &hash.named.key);
         FairLock {
             inner: Arc::new(Inner {
                 hash,
@@ -414,11 +414,11 @@ mod tests {
     #[test]
     fn helper_keys_follow_redisson() {
         assert_eq!(
-            prefix_name(QUEUE_PREFIX, "deploy"),
+            &*prefix_name(QUEUE_PREFIX, "deploy"),
             "redisson_lock_queue:{deploy}"
         );
         assert_eq!(
-            prefix_name(TIMEOUT_PREFIX, "{app}:deploy"),
+            &*prefix_name(TIMEOUT_PREFIX, "{app}:deploy"),
             "redisson_lock_timeout:{app}:deploy"
         );
     }

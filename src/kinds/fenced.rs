@@ -74,7 +74,7 @@ pub type FencedGuard = Guard<FencedLock>;
 impl FencedLock {
     pub(crate) fn new(client: Arc<ClientInner>, name: &str) -> FencedLock {
         let hash = HashLock::new(client, name, Self::KIND);
-        let token_key = prefix_name(TOKEN_PREFIX, &hash.named.key).into();
+        let token_key = prefix_name(TOKEN_PREFIX, &hash.named.key);
         FencedLock {
             inner: Arc::new(Inner {
                 hash: Arc::new(hash),

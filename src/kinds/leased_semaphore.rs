@@ -208,7 +208,7 @@ impl LeasedSemaphore {
     pub(crate) fn new(client: Arc<ClientInner>, name: &str) -> LeasedSemaphore {
         let mut named = Named::new(client, name);
         let counter = named.key.clone();
-        let channel = prefix_name(CHANNEL_PREFIX, &counter).into();
+        let channel = prefix_name(CHANNEL_PREFIX, &counter);
         let (timeouts, at) = suffix_name(&counter, "timeout");
         named.rekey(timeouts.into(), at);
         LeasedSemaphore {

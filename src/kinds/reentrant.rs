@@ -125,7 +125,7 @@ pub(crate) struct HashLock {
 impl HashLock {
     pub(crate) fn new(client: Arc<ClientInner>, name: &str, kind: &'static str) -> HashLock {
         let named = Named::new(client, name);
-        let channel = prefix_name(CHANNEL_PREFIX, &named.key).into();
+        let channel = prefix_name(CHANNEL_PREFIX, &named.key);
         HashLock {
             named,
             channel,
@@ -419,11 +419,11 @@ mod tests {
     #[test]
     fn channel_names_follow_redisson() {
         assert_eq!(
-            prefix_name(CHANNEL_PREFIX, "order:42"),
+            &*prefix_name(CHANNEL_PREFIX, "order:42"),
             "redisson_lock__channel:{order:42}"
         );
         assert_eq!(
-            prefix_name(CHANNEL_PREFIX, "{user}:a"),
+            &*prefix_name(CHANNEL_PREFIX, "{user}:a"),
             "redisson_lock__channel:{user}:a"
         );
     }

@@ -259,7 +259,7 @@ pub type WriteGuard = Guard<WriteLock>;
 impl ReadWriteLock {
     pub(crate) fn new(client: Arc<ClientInner>, name: &str) -> ReadWriteLock {
         let named = Named::new(client, name);
-        let channel = crate::kinds::prefix_name(CHANNEL_PREFIX, &named.key).into();
+        let channel = crate::kinds::prefix_name(CHANNEL_PREFIX, &named.key);
         let timeout_base = timeout_base(&named.key).into();
         let base = Arc::new(Base {
             named,

@@ -135,7 +135,7 @@ struct Inner {
 impl Semaphore {
     pub(crate) fn new(client: Arc<ClientInner>, name: &str) -> Semaphore {
         let named = Named::new(client, name);
-        let channel = prefix_name(CHANNEL_PREFIX, &named.key).into();
+        let channel = prefix_name(CHANNEL_PREFIX, &named.key);
         Semaphore {
             inner: Arc::new(Inner { named, channel }),
             recheck: DEFAULT_RECHECK_INTERVAL,
@@ -667,8 +667,11 @@ mod tests {
 
     #[test]
     fn channel_names_follow_redisson() {
-        assert_eq!(prefix_name(CHANNEL_PREFIX, "slots"), "redisson_sc:{slots}");
-        assert_eq!(prefix_name(CHANNEL_PREFIX, "{a}:b"), "redisson_sc:{a}:b");
+        assert_eq!(
+            &*prefix_name(CHANNEL_PREFIX, "slots"),
+            "redisson_sc:{slots}"
+        );
+        assert_eq!(&*prefix_name(CHANNEL_PREFIX, "{a}:b"), "redisson_sc:{a}:b");
     }
 
     #[test]
