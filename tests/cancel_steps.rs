@@ -282,11 +282,13 @@ async fn setup() -> (RedisServer, fred::clients::Client, Client, Client) {
 }
 
 /// A lock kind's `Kind`: `$make(client)` gives the lock; its guard's `unlock` is the release.
+/// The second form takes the waiter's lock, the holder's (another half of a read/write lock,
+/// say) and the lock that says whether the name is free, apart.
 macro_rules! lock_kind {
-    ($name:expr, $waiter:expr, $holder:expr, $make:expr) => {{
-        let mine = $make(&$waiter);
-        let theirs = $make(&$holder);
-        let probe = $make(&$holder);
+    ($name:expr, mine: $mine:expr, theirs: $theirs:expr, probe: $probe:expr) => {{
+        let mine = $mine;
+        let theirs = $theirs;
+        let probe = $probe;
         Kind {
             name: $name,
             acquire: Box::new(move || {
@@ -309,6 +311,14 @@ macro_rules! lock_kind {
             }),
         }
     }};
+    ($name:expr, $waiter:expr, $holder:expr, $make:expr) => {
+        lock_kind!(
+            $name,
+            mine: $make(&$waiter),
+            theirs: $make(&$holder),
+            probe: $make(&$holder)
+        )
+    };
 }
 
 #[tokio::test]
@@ -348,30 +358,12 @@ async fn fair_lock_cut_at_every_step() {
 async fn read_lock_cut_at_every_step() {
     let (_server, raw, waiter, holder) = setup().await;
     // A reader waits for a writer.
-    let mine = waiter.read_write_lock("steps").read();
-    let theirs = holder.read_write_lock("steps").write();
-    let probe = holder.read_write_lock("steps").write();
-    let kind = Kind {
-        name: "ReadLock",
-        acquire: Box::new(move || {
-            let lock = mine.clone();
-            boxed(async move {
-                let guard = lock.lock().await?;
-                Ok(Box::new(move || boxed(guard.unlock())) as Release)
-            })
-        }),
-        hold: Box::new(move || {
-            let lock = theirs.clone();
-            boxed(async move {
-                let guard = lock.try_lock().await.unwrap().expect("free for the writer");
-                Box::new(move || boxed(guard.unlock())) as Release
-            })
-        }),
-        free: Box::new(move || {
-            let lock = probe.clone();
-            boxed(async move { !lock.is_locked().await.unwrap() })
-        }),
-    };
+    let kind = lock_kind!(
+        "ReadLock",
+        mine: waiter.read_write_lock("steps").read(),
+        theirs: holder.read_write_lock("steps").write(),
+        probe: holder.read_write_lock("steps").write()
+    );
     walk(kind, &raw).await;
 }
 
@@ -379,30 +371,12 @@ async fn read_lock_cut_at_every_step() {
 async fn write_lock_cut_at_every_step() {
     let (_server, raw, waiter, holder) = setup().await;
     // A writer waits for a reader.
-    let mine = waiter.read_write_lock("steps").write();
-    let theirs = holder.read_write_lock("steps").read();
-    let probe = holder.read_write_lock("steps").write();
-    let kind = Kind {
-        name: "WriteLock",
-        acquire: Box::new(move || {
-            let lock = mine.clone();
-            boxed(async move {
-                let guard = lock.lock().await?;
-                Ok(Box::new(move || boxed(guard.unlock())) as Release)
-            })
-        }),
-        hold: Box::new(move || {
-            let lock = theirs.clone();
-            boxed(async move {
-                let guard = lock.try_lock().await.unwrap().expect("free for the reader");
-                Box::new(move || boxed(guard.unlock())) as Release
-            })
-        }),
-        free: Box::new(move || {
-            let lock = probe.clone();
-            boxed(async move { !lock.is_locked().await.unwrap() })
-        }),
-    };
+    let kind = lock_kind!(
+        "WriteLock",
+        mine: waiter.read_write_lock("steps").write(),
+        theirs: holder.read_write_lock("steps").read(),
+        probe: holder.read_write_lock("steps").write()
+    );
     walk(kind, &raw).await;
 }
 

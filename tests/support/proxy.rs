@@ -2,7 +2,7 @@
 //! fault between one client and a real `redis-server`.
 #![allow(dead_code)]
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -35,6 +35,9 @@ pub enum Mode {
 pub struct Proxy {
     pub port: u16,
     mode: Arc<watch::Sender<Mode>>,
+    /// Bytes written to clients on pub/sub connections: a message has reached the client's
+    /// socket once this moves.
+    pubsub_delivered: Arc<AtomicU64>,
     accept_task: tokio::task::JoinHandle<()>,
 }
 
@@ -45,6 +48,8 @@ impl Proxy {
         let port = listener.local_addr().unwrap().port();
         let mode = Arc::new(watch::channel(Mode::Open).0);
         let accept_mode = mode.clone();
+        let pubsub_delivered = Arc::new(AtomicU64::new(0));
+        let delivered = pubsub_delivered.clone();
         let accept_task = tokio::spawn(async move {
             loop {
                 let Ok((client, _)) = listener.accept().await else {
@@ -72,13 +77,14 @@ impl Proxy {
                     server_read,
                     client_write,
                     accept_mode.subscribe(),
-                    Way::Replies(pubsub),
+                    Way::Replies(pubsub, delivered.clone()),
                 ));
             }
         });
         Proxy {
             port,
             mode,
+            pubsub_delivered,
             accept_task,
         }
     }
@@ -86,6 +92,11 @@ impl Proxy {
     /// `redis://127.0.0.1:<proxy port>`
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Bytes written so far to clients on pub/sub connections.
+    pub fn pubsub_bytes(&self) -> u64 {
+        self.pubsub_delivered.load(Ordering::Acquire)
     }
 
     /// Switches the proxy's behaviour for current and new connections.
@@ -105,19 +116,20 @@ impl Drop for Proxy {
 /// sent a `SUBSCRIBE`).
 enum Way {
     Requests(Arc<AtomicBool>),
-    Replies(Arc<AtomicBool>),
+    /// Also counts the bytes written to the client while the connection is a pub/sub one.
+    Replies(Arc<AtomicBool>, Arc<AtomicU64>),
 }
 
 impl Way {
     fn replies(&self) -> bool {
-        matches!(self, Way::Replies(_))
+        matches!(self, Way::Replies(..))
     }
 
     /// Whether `mode` holds this direction's bytes.
     fn held(&self, mode: Mode) -> bool {
         match (mode, self) {
             (Mode::Stalled, _) => true,
-            (Mode::CommandRepliesHeld, Way::Replies(pubsub)) => !pubsub.load(Ordering::Acquire),
+            (Mode::CommandRepliesHeld, Way::Replies(pubsub, _)) => !pubsub.load(Ordering::Acquire),
             _ => false,
         }
     }
@@ -191,6 +203,11 @@ async fn pump(
         }
         if to.write_all(&buf[..n]).await.is_err() {
             return;
+        }
+        if let Way::Replies(pubsub, delivered) = &way {
+            if pubsub.load(Ordering::Acquire) {
+                delivered.fetch_add(n as u64, Ordering::Release);
+            }
         }
     }
 }
