@@ -151,14 +151,23 @@ async fn cancelled_acquires_and_dropped_permits_leave_nothing_taken() {
     sem.try_set_permits(3).await.unwrap();
 
     // Round trips whose callers left: one timed out, one dropped.
+    // A second client for the dropped acquire, connected while replies are prompt.
+    let other = Client::builder()
+        .url(proxy.url())
+        .command_timeout(Duration::from_millis(1000))
+        .connect()
+        .await
+        .unwrap();
     proxy.set(Mode::RepliesDelayed(Duration::from_millis(1300)));
     let timed_out = sem.try_acquire().await;
     assert!(matches!(timed_out, Err(Error::Timeout(_))), "{timed_out:?}");
-    // The second is dropped once its script has run on the server (it travels in the group
-    // after the first's, so a fixed delay could cut it before it was sent), or it times out.
+    // The second is dropped once its script has run on the server, or it times out. It goes
+    // through a client of its own: one client's scripts travel one group at a time, so behind
+    // the first's slow reply it could be cut (or time out) before it was even sent.
     let both_ran = || async { get(&raw, "slow").await.as_deref() == Some("1") };
+    let other_sem = other.leased_semaphore("slow");
     tokio::select! {
-        outcome = sem.acquire() => {
+        outcome = other_sem.acquire() => {
             assert!(matches!(outcome, Err(Error::Timeout(_))), "{outcome:?}")
         }
         ran = eventually(Duration::from_secs(10), both_ran) => {
@@ -193,6 +202,7 @@ async fn cancelled_acquires_and_dropped_permits_leave_nothing_taken() {
     let left: i64 = raw.zcard("{slow}:timeout").await.unwrap();
     assert_eq!(left, 0);
     slow.shutdown().await.unwrap();
+    other.shutdown().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
