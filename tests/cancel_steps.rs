@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use fred::prelude::*;
 use redbaton::{Client, Result};
-use support::{command_calls, eventually, RedisServer};
+use support::{eventually, script_calls, RedisServer};
 
 type Fut<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
@@ -139,14 +139,6 @@ async fn channels(raw: &fred::clients::Client) -> Vec<String> {
     reply.convert().unwrap_or_default()
 }
 
-async fn scripts(raw: &fred::clients::Client) -> u64 {
-    command_calls(raw)
-        .await
-        .get("evalsha")
-        .copied()
-        .unwrap_or(0)
-}
-
 /// After a drop: the kind is free again and nobody is subscribed, within a bound (a release
 /// in flight or in the background lands within it; a leaked hold stays for its lease).
 async fn assert_left_nothing(kind: &Kind, raw: &fred::clients::Client, what: &str) {
@@ -172,7 +164,7 @@ async fn walk(kind: Kind, raw: &fred::clients::Client) {
     let mut cut_after_script = 0;
     let mut n = 1;
     loop {
-        let before = scripts(raw).await;
+        let before = script_calls(raw).await;
         let mut call = Stepped::new((kind.acquire)());
         match call.steps(n, ROUND_TRIP).await {
             Poll::Ready(Ok(release)) => {
@@ -186,7 +178,7 @@ async fn walk(kind: Kind, raw: &fred::clients::Client) {
         }
         drop(call);
         assert_left_nothing(&kind, raw, &format!("acquire dropped after poll {n}")).await;
-        if scripts(raw).await > before {
+        if script_calls(raw).await > before {
             cut_after_script += 1;
         }
         n += 1;

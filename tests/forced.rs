@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use redbaton::{Client, Error, ReplicaSync};
 use support::proxy::{Mode, Proxy};
-use support::{command_calls, eventually, RedisServer};
+use support::{command_calls, eventually, script_calls, RedisServer};
 
 /// `WAIT` calls the server has run so far.
 async fn waits(raw: &fred::clients::Client) -> u64 {
@@ -181,12 +181,7 @@ async fn until_attempt_held(port: u16) {
 /// Waits (bounded) until the server has run `n` more script calls than `base`.
 async fn until_scripts(raw: &fred::clients::Client, base: u64, n: u64) {
     let ran = eventually(Duration::from_secs(10), || async {
-        command_calls(raw)
-            .await
-            .get("evalsha")
-            .copied()
-            .unwrap_or(0)
-            >= base + n
+        script_calls(raw).await >= base + n
     })
     .await;
     assert!(ran, "expected {n} script calls");
@@ -224,11 +219,7 @@ async fn lock_waker_leaves(leaving: Leaving) {
     )
     .await;
     support::command(&raw, "PEXPIRE", vec![name.clone(), "60000".into()]).await;
-    let base = command_calls(&raw)
-        .await
-        .get("evalsha")
-        .copied()
-        .unwrap_or(0);
+    let base = script_calls(&raw).await;
 
     // The first waiter parks first (its first attempt and its re-check ran), so the
     // release's one wake-up is its.
@@ -316,11 +307,7 @@ async fn a_semaphore_waiter_dropped_during_its_recheck_passes_the_wake_up_on() {
     sem.try_set_permits(1).await.unwrap();
     // Held (by this test) until the test ends.
     let _taken = sem.try_acquire(1).await.unwrap().expect("the only permit");
-    let base = command_calls(&raw)
-        .await
-        .get("evalsha")
-        .copied()
-        .unwrap_or(0);
+    let base = script_calls(&raw).await;
 
     // The first waiter, parked first, asks for two permits; the second for one.
     let first = {
@@ -394,13 +381,7 @@ async fn a_release_between_the_first_attempt_and_registration_on_a_shared_channe
         .await;
         support::command(&raw, "PEXPIRE", vec![name.into(), "60000".into()]).await;
     }
-    let scripts = || async {
-        command_calls(&raw)
-            .await
-            .get("evalsha")
-            .copied()
-            .unwrap_or(0)
-    };
+    let scripts = || script_calls(&raw);
     let base = scripts().await;
     let lock = client.lock("x");
     let x_waiter = tokio::spawn(async move { lock.try_lock_for(Duration::from_secs(90)).await });
