@@ -187,6 +187,18 @@ async fn until_scripts(raw: &fred::clients::Client, base: u64, n: u64) {
     assert!(ran, "expected {n} script calls");
 }
 
+/// Waits (bounded) until `n` waiters of this client are parked on `lock`, past their looks.
+async fn until_parked(lock: &redbaton::Lock, n: usize) {
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            lock.passable_waiters() == n
+        })
+        .await,
+        "{n} waiters did not park: {} did",
+        lock.passable_waiters()
+    );
+}
+
 /// How a woken waiter leaves while its re-check is held by the server.
 #[derive(Clone, Copy, Debug)]
 enum Leaving {
@@ -235,6 +247,7 @@ async fn lock_waker_leaves(leaving: Leaving) {
         }
     });
     until_scripts(&raw, base, 2).await;
+    until_parked(&client.lock(&name), 1).await;
     let lock = client.lock(&name);
     let second = tokio::spawn(async move {
         let guard = lock.lock().await.unwrap();
@@ -244,6 +257,9 @@ async fn lock_waker_leaves(leaving: Leaving) {
     });
     // Its channel was confirmed: one attempt, no re-check.
     until_scripts(&raw, base, 3).await;
+    // Parked too, so registered: the release cannot come before its group is there (it would
+    // then re-check on its own, and get the lock whether the wake-up was passed on or not).
+    until_parked(&client.lock(&name), 2).await;
 
     let channel = format!("redisson_lock__channel:{{{name}}}");
     release_and_pause(server.port, &format!("DEL {name}"), &channel, "0");
