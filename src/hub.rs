@@ -38,7 +38,7 @@ use tokio::time::Instant;
 use crate::baton::{Claim, Queue};
 use crate::config::PubSubMode;
 pub use crate::wake_state::Wake;
-use crate::wake_state::Wakes;
+use crate::wake_state::{TakenWakeUp, Wakes};
 
 /// One channel as seen by this process.
 pub(crate) struct Channel {
@@ -225,12 +225,11 @@ pub(crate) struct Subscription {
     hub: Arc<Hub>,
     channel: Arc<Channel>,
     group: Arc<Group>,
-    /// The waiter took a wake-up ([`took_wake_up`](Self::took_wake_up)) and has not used it
-    /// yet. Kept here, not by the wait loop, so that however the waiter leaves — dropped
-    /// while the re-check it was woken for is in flight included (that re-check finishes in
-    /// the background, and its answer reaches nobody who could pass the wake-up on) — the
-    /// wake-up goes to the next waiter.
-    unused: AtomicBool,
+    /// The wake-up the waiter took and has not used yet: passed on when the registration goes,
+    /// however the waiter leaves — dropped while the re-check it was woken for is in flight
+    /// included (that re-check finishes in the background, and its answer reaches nobody who
+    /// could pass the wake-up on).
+    unused: TakenWakeUp,
 }
 
 impl Subscription {
@@ -257,24 +256,23 @@ impl Subscription {
 
     /// A message woke this waiter: it holds the wake-up until it uses it or passes it on.
     pub(crate) fn took_wake_up(&self) {
-        self.unused.store(true, Ordering::Relaxed);
+        self.unused.take();
     }
 
     /// Whether this waiter holds a wake-up it has not used yet.
     pub(crate) fn holds_wake_up(&self) -> bool {
-        self.unused.load(Ordering::Relaxed)
+        self.unused.held()
     }
 
     /// The waiter's look used the wake-up it held, if any.
     pub(crate) fn used_wake_up(&self) {
-        self.unused.store(false, Ordering::Relaxed);
+        self.unused.used();
     }
 
     /// Hands the wake-up this waiter holds, if any, to the next waiter: it will not use it.
     pub(crate) fn pass_on(&self) {
-        if self.unused.swap(false, Ordering::Relaxed) {
+        if self.unused.pass_on(&self.group.wakes, self.channel.wake) {
             tracing::trace!(channel = %self.channel.name, "passing a wake-up on");
-            self.group.wakes.pass_on(self.channel.wake);
         }
     }
 }
@@ -388,7 +386,7 @@ impl Hub {
             hub: self.clone(),
             channel,
             group,
-            unused: AtomicBool::new(false),
+            unused: TakenWakeUp::default(),
         }
     }
 

@@ -236,6 +236,43 @@ impl<W: Word> Wakes<W> {
     }
 }
 
+/// The wake-up one waiter took and has not used yet. Kept with the waiter's registration,
+/// not by its wait loop, so that however the waiter leaves (dropped while the re-check it was
+/// woken for is in flight included) the wake-up goes on to the next waiter; and here, beside
+/// the group's accounting, so that the model tests below pass wake-ups on by the same rule.
+///
+/// Only its own waiter touches it (its wait loop, and the registration's drop): an atomic only
+/// because a parked waiter's future borrows it across awaits and must be `Send`.
+#[derive(Default)]
+pub(crate) struct TakenWakeUp(std::sync::atomic::AtomicBool);
+
+impl TakenWakeUp {
+    /// A message woke the waiter: it holds the wake-up until it uses it or passes it on.
+    pub(crate) fn take(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the waiter holds a wake-up it has not used yet.
+    pub(crate) fn held(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    /// The waiter's look used the wake-up it held, if any.
+    pub(crate) fn used(&self) {
+        self.0.store(false, Ordering::Relaxed);
+    }
+
+    /// Hands the wake-up the waiter holds, if any, to the group's next waiter: it will not use
+    /// it. Returns whether there was one.
+    pub(crate) fn pass_on<W: Word>(&self, wakes: &Wakes<W>, wake: Wake) -> bool {
+        let held = self.0.swap(false, Ordering::Relaxed);
+        if held {
+            wakes.pass_on(wake);
+        }
+        held
+    }
+}
+
 /// Model tests: the group's wake-ups under interleavings chosen by a model checker (see
 /// [`crate::model`]). Every access to a counter is a point where another task may run; a
 /// wake-up lost leaves a waiter parked with nobody left to wake it, which the checker reports
@@ -283,7 +320,7 @@ mod model {
                 release.clone(),
             );
             tasks.push(spawn(async move {
-                let mut woken = false;
+                let woken = TakenWakeUp::default();
                 loop {
                     let seen = wakes.messages();
                     let got = free
@@ -292,18 +329,21 @@ mod model {
                         Ok(_) => break,
                         // As the wait loop: woken for permits too few for it, it passes the
                         // wake-up on to a smaller request.
-                        Err(f) if woken && f > 0 => {
-                            given.fetch_add(1, Ordering::SeqCst);
-                            wakes.pass_on(Wake::Permits);
+                        Err(f) if f > 0 => {
+                            if woken.pass_on(&wakes, Wake::Permits) {
+                                given.fetch_add(1, Ordering::SeqCst);
+                            }
                         }
-                        Err(_) => {}
+                        // None free: taken by another, whose release will wake.
+                        Err(_) => woken.used(),
                     }
                     wakes.wait(Wake::Permits, seen).await;
                     taken.fetch_add(1, Ordering::SeqCst);
-                    woken = true;
+                    woken.take();
                     if quits {
+                        // As the registration's drop: the wake-up goes on, then the waiter.
+                        assert!(woken.pass_on(&wakes, Wake::Permits));
                         given.fetch_add(1, Ordering::SeqCst);
-                        wakes.pass_on(Wake::Permits);
                         wakes.leave();
                         return;
                     }
@@ -359,14 +399,18 @@ mod model {
             let (wakes, held) = (wakes.clone(), held.clone());
             let quits = i < quitters;
             tasks.push(spawn(async move {
+                let woken = TakenWakeUp::default();
                 loop {
                     if !quits && !held.swap(true, Ordering::SeqCst) {
                         break;
                     }
+                    // Busy: held by another, whose release will wake.
+                    woken.used();
                     wakes.wait(Wake::Lock, 0).await;
+                    woken.take();
                     if quits {
                         // Woken, it leaves: the wake-up may have been the one meant for all.
-                        wakes.pass_on(Wake::Lock);
+                        assert!(woken.pass_on(&wakes, Wake::Lock));
                         wakes.leave();
                         return;
                     }
