@@ -197,8 +197,7 @@ fn wake<G>(entry: &mut Entry<G>) {
 mod model {
     use super::*;
     use crate::model::explore;
-    use crate::wake_state::Wake;
-    use crate::wake_state::Wakes;
+    use crate::wake_state::{TakenWakeUp, Wake, Wakes};
     use shuttle::future::{block_on, spawn};
     use shuttle::sync::atomic::AtomicUsize;
     use shuttle::sync::Mutex;
@@ -280,6 +279,8 @@ mod model {
                 task: me as u64,
                 lease: Lease::Watchdog,
             });
+            // The wake-up it took and has not used, as the wait loop keeps it.
+            let taken = TakenWakeUp::default();
             loop {
                 let handed = poll_fn(|cx| {
                     let mut queue = self.queue.lock().unwrap();
@@ -300,6 +301,8 @@ mod model {
                         holder.is_none() && holder.replace(me).is_none()
                     }
                 };
+                // Its look used the wake-up: the lock is its, or held by one whose release wakes.
+                taken.used();
                 if got {
                     assert_eq!(*self.holder.lock().unwrap(), Some(me), "two holders");
                     break;
@@ -315,10 +318,12 @@ mod model {
                     message.as_mut().poll(cx).map(|()| true)
                 })
                 .await;
+                if woken {
+                    taken.take();
+                }
                 if quits {
-                    if woken {
-                        self.wakes.pass_on(Wake::Lock);
-                    }
+                    // As the registration's drop: a wake-up taken goes on, then the waiter.
+                    taken.pass_on(&self.wakes, Wake::Lock);
                     let handed = self.queue.lock().unwrap().entries.leave(id);
                     self.wakes.leave();
                     if let Some(task) = handed {
