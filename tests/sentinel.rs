@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use fred::interfaces::ClientLike;
 use redbaton::{Client, Error};
 use support::cluster::cli;
+use support::command_calls;
 use support::sentinel::SentinelSetup;
 
 /// A watchdog lease longer than a Sentinel failover's renewal gap.
@@ -76,20 +77,22 @@ async fn replicated_hold_survives_master_death_and_waiters_follow() {
     // The hold reaches the replica before the master dies only because the library waits for
     // it (the default replica sync sends WAIT after the script, before handing out the guard):
     // the test sends none of its own.
-    let waits = || -> u64 {
-        let stats = cli(setup.master.port, &["info", "commandstats"]);
-        stats
-            .lines()
-            .find_map(|line| line.strip_prefix("cmdstat_wait:"))
-            .and_then(|s| s.split(',').find_map(|kv| kv.strip_prefix("calls=")))
-            .map_or(0, |n| n.trim().parse().unwrap())
+    let master = setup.master.raw().await;
+    let waits = || async {
+        command_calls(&master)
+            .await
+            .get("wait")
+            .copied()
+            .unwrap_or(0)
     };
-    let waits_before = waits();
+    let waits_before = waits().await;
     let guard = holder.lock("survivor").lock().await.unwrap();
     assert!(
-        waits() > waits_before,
+        waits().await > waits_before,
         "the acquire was handed out without a WAIT"
     );
+    // Not left reconnecting to the master about to be killed.
+    let _ = master.quit().await;
     let lock = waiter.lock("survivor");
     let parked = tokio::spawn(async move {
         let guard = lock.lock().await.unwrap();

@@ -46,16 +46,7 @@ impl fmt::Display for Kind {
     }
 }
 
-/// One owner's hold.
-struct Hold {
-    /// `<client uuid>:<number>`, as `REDBATON_OWNER` and `Guard::owner` show it.
-    owner: String,
-    count: u64,
-    /// A read/write lock's `read` or `write`.
-    mode: Option<&'static str>,
-}
-
-/// A read/write lock's mode as `status` words it.
+/// A read/write lock's mode, or a hold's half, as `status` words it.
 fn mode_name(mode: ReadWriteMode) -> &'static str {
     match mode {
         ReadWriteMode::Read => "read",
@@ -63,16 +54,11 @@ fn mode_name(mode: ReadWriteMode) -> &'static str {
     }
 }
 
-/// A lock as `status`, `unlock --force` and `exec`'s conflict message describe it.
+/// A lock as `status`, `unlock --force` and `exec`'s conflict message describe it: the
+/// library's [`LockState`] of its hash, with the kind and queue only the CLI tells apart.
 pub struct Inspected {
     pub kind: Kind,
-    holds: Vec<Hold>,
-    /// A read/write lock's mode while it is held.
-    mode: Option<ReadWriteMode>,
-    ttl: Option<Duration>,
-    /// Subscriber connections on a plain lock's channel; `None` for the other kinds, whose
-    /// waiters listen elsewhere (a fair lock's are its queue).
-    subscribers: Option<u64>,
+    state: LockState,
     /// A fair lock's queued owners, the next first.
     queued: Vec<String>,
 }
@@ -92,64 +78,46 @@ impl Inspected {
             (false, false) => Kind::FairLock,
             (false, true) => Kind::Lock,
         };
-        Ok(Inspected::new(kind, state, queued))
-    }
-
-    fn new(kind: Kind, state: LockState, queued: Vec<String>) -> Inspected {
-        let holds = state
-            .owners
-            .into_iter()
-            .map(|hold| Hold {
-                owner: hold.owner.to_string(),
-                count: hold.count,
-                mode: hold.mode.map(mode_name),
-            })
-            .collect();
-        Inspected {
+        Ok(Inspected {
             kind,
-            holds,
-            mode: state.mode,
-            ttl: state.ttl,
-            subscribers: (kind == Kind::Lock).then_some(state.subscribers),
+            state,
             queued,
-        }
+        })
     }
 
-    fn is_locked(&self) -> bool {
-        !self.holds.is_empty()
+    /// Subscriber connections on a plain lock's channel; `None` for the other kinds, whose
+    /// waiters listen elsewhere (a fair lock's are its queue).
+    fn subscribers(&self) -> Option<u64> {
+        (self.kind == Kind::Lock).then_some(self.state.subscribers)
     }
 
-    fn hold_count(&self) -> u64 {
-        self.holds.iter().map(|h| h.count).sum()
-    }
-
-    /// A read/write lock's mode, `read` or `write`, while it is held.
-    fn mode(&self) -> Option<&'static str> {
-        self.mode.map(mode_name)
+    /// The lease left while the lock is held.
+    fn ttl(&self) -> Option<Duration> {
+        self.state.ttl.filter(|_| self.state.is_locked())
     }
 
     /// Who holds it, in a few words: `read/write lock in write mode, 1 owner(s), hold count 2`.
     pub fn holders(&self) -> String {
-        let kind = match self.mode() {
-            Some(mode) => format!("{} in {mode} mode, ", self.kind),
+        let kind = match self.state.mode {
+            Some(mode) => format!("{} in {} mode, ", self.kind, mode_name(mode)),
             None if self.kind == Kind::Lock => String::new(),
             None => format!("{}, ", self.kind),
         };
         format!(
             "{kind}{} owner(s), hold count {}",
-            self.holds.len(),
-            self.hold_count()
+            self.state.owners.len(),
+            self.state.hold_count()
         )
     }
 
     fn text(&self, name: &str) -> String {
         let mut out = String::new();
-        match self.ttl.filter(|_| self.is_locked()) {
+        match self.ttl() {
             Some(ttl) => {
                 let ttl = Duration::from_millis(ttl.as_millis() as u64);
-                let locked = match self.mode() {
-                    Some("write") => "locked for writing",
-                    Some(_) => "locked for reading",
+                let locked = match self.state.mode {
+                    Some(ReadWriteMode::Write) => "locked for writing",
+                    Some(ReadWriteMode::Read) => "locked for reading",
                     None => "locked",
                 };
                 let kind = match self.kind {
@@ -159,16 +127,19 @@ impl Inspected {
                 out += &format!(
                     "{name:?}: {kind}{locked}, lease {} left, hold count {}\n",
                     humantime::format_duration(ttl),
-                    self.hold_count()
+                    self.state.hold_count()
                 );
-                for hold in &self.holds {
-                    let mode = hold.mode.map(|m| format!(" {m}")).unwrap_or_default();
+                for hold in &self.state.owners {
+                    let mode = hold
+                        .mode
+                        .map(|m| format!(" {}", mode_name(m)))
+                        .unwrap_or_default();
                     out += &format!("  owner {}{mode} count {}\n", hold.owner, hold.count);
                 }
             }
             None => out += &format!("{name:?}: free\n"),
         }
-        if let Some(subscribers) = self.subscribers {
+        if let Some(subscribers) = self.subscribers() {
             out += &format!("  waiting subscriber connections: {subscribers}\n");
         }
         if !self.queued.is_empty() {
@@ -179,12 +150,14 @@ impl Inspected {
 
     fn json(&self, name: &str, key: &str) -> serde_json::Value {
         let owners: Vec<_> = self
-            .holds
+            .state
+            .owners
             .iter()
             .map(|hold| {
-                let mut owner = serde_json::json!({ "owner": hold.owner, "count": hold.count });
+                let mut owner =
+                    serde_json::json!({ "owner": hold.owner.to_string(), "count": hold.count });
                 if let Some(mode) = hold.mode {
-                    owner["hold"] = mode.into();
+                    owner["hold"] = mode_name(mode).into();
                 }
                 owner
             })
@@ -193,12 +166,12 @@ impl Inspected {
             "name": name,
             "key": key,
             "kind": self.kind.id(),
-            "locked": self.is_locked(),
-            "mode": self.mode(),
+            "locked": self.state.is_locked(),
+            "mode": self.state.mode.map(mode_name),
             "owners": owners,
-            "hold_count": self.hold_count(),
-            "ttl_ms": self.ttl.filter(|_| self.is_locked()).map(|t| t.as_millis() as u64),
-            "subscribers": self.subscribers,
+            "hold_count": self.state.hold_count(),
+            "ttl_ms": self.ttl().map(|t| t.as_millis() as u64),
+            "subscribers": self.subscribers(),
             "queued": self.queued,
         })
     }
@@ -216,7 +189,7 @@ pub async fn status(url: &str, args: StatusArgs) -> Result<u8, Failure> {
     } else {
         print!("{}", found.text(&args.name));
     }
-    Ok(if found.is_locked() { YES } else { NO })
+    Ok(if found.state.is_locked() { YES } else { NO })
 }
 
 pub async fn unlock(url: &str, args: UnlockArgs) -> Result<u8, Failure> {

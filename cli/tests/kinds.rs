@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use cli_support::{bin, redbaton, run};
 use redbaton::Client;
-use support::{numsub, RedisServer};
+use support::{eventually, numsub, RedisServer};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -41,14 +41,13 @@ async fn status_json(url: &str, args: &[&str]) -> (i32, serde_json::Value) {
 /// Waits (bounded) until some connection subscribes to `channel`: the waiter is parked.
 async fn parked_on(server: &RedisServer, channel: &str) {
     let raw = server.raw().await;
-    let start = Instant::now();
-    while numsub(&raw, channel).await < 1 {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "nobody subscribed to {channel}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            numsub(&raw, channel).await >= 1
+        })
+        .await,
+        "nobody subscribed to {channel}"
+    );
 }
 
 /// Runs `unlock --force NAME` (exit 0: it deleted a lock) and returns when it started.

@@ -1,6 +1,7 @@
 //! The wire layout, the Redisson peer in both directions, hand-offs seen by MONITOR.
 
 use super::*;
+use crate::support::monitor::{self, Monitor};
 
 #[tokio::test]
 async fn wire_layout_matches_redisson() {
@@ -301,18 +302,6 @@ async fn we_queued_behind_a_redisson_peer_are_served_in_its_order() {
     client.shutdown().await.unwrap();
 }
 
-/// The words of a `MONITOR` line: (client address or `lua`, command words).
-fn monitor_words(line: &str) -> Option<(String, Vec<String>)> {
-    let rest = line.split_once(" [")?.1;
-    let (who, args) = rest.split_once("] ")?;
-    let addr = who.split_whitespace().nth(1)?.to_owned();
-    let words = args
-        .split("\" \"")
-        .map(|w| w.trim_matches('"').to_owned())
-        .collect();
-    Some((addr, words))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn monitor_shows_a_hand_off_on_the_heads_own_channel() {
     // One fair hand-off as the server sees it: the release script publishes "0" on the head's
@@ -333,34 +322,7 @@ async fn monitor_shows_a_hand_off_on_the_heads_own_channel() {
         .await
     );
 
-    let mut monitor = std::process::Command::new("redis-cli")
-        .args(["-p", &server.port.to_string(), "monitor"])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("redis-cli");
-    let stdout = monitor.stdout.take().unwrap();
-    let (lines_tx, lines_rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stdout)
-            .lines()
-            .map_while(Result::ok)
-        {
-            if lines_tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let mut lines: Vec<String> = Vec::new();
-    let started = Instant::now();
-    while !lines.iter().any(|l| l.contains("monitor-marker")) {
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "MONITOR did not start"
-        );
-        let _: Option<String> = raw.get("monitor-marker").await.unwrap();
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        lines.extend(lines_rx.try_iter());
-    }
+    let mut monitor = Monitor::start(&server, &raw).await;
 
     holder.unlock().await.unwrap();
     tokio::time::timeout(Duration::from_secs(10), taker)
@@ -371,21 +333,17 @@ async fn monitor_shows_a_hand_off_on_the_heads_own_channel() {
     let took = |lines: &[String]| {
         lines
             .iter()
-            .filter_map(|l| monitor_words(l))
+            .filter_map(|l| monitor::command(l))
             .any(|(addr, w)| addr == "lua" && w[0] == "hset" && w.get(2) == Some(&head))
     };
-    let started = Instant::now();
-    while !took(&lines) && started.elapsed() < Duration::from_secs(10) {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        lines.extend(lines_rx.try_iter());
-    }
-    let _ = monitor.kill();
-    let _ = monitor.wait();
+    monitor.read_until(Duration::from_secs(10), took).await;
+    monitor.stop();
+    let lines = &monitor.lines;
 
     let parsed: Vec<(usize, String, Vec<String>)> = lines
         .iter()
         .enumerate()
-        .filter_map(|(i, l)| monitor_words(l).map(|(a, w)| (i, a, w)))
+        .filter_map(|(i, l)| monitor::command(l).map(|(a, w)| (i, a, w)))
         .collect();
     let publish = parsed
         .iter()

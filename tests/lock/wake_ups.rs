@@ -1,6 +1,7 @@
 //! Wake-ups: by the unlock message, one per process, only once subscribed, passed on.
 
 use super::*;
+use crate::support::monitor::{self, Monitor};
 
 /// A client whose watchdog renews only every 100 s, so that renewal scripts stay out of
 /// EVALSHA counts taken over a few seconds.
@@ -135,24 +136,6 @@ async fn an_unlock_wakes_one_waiter_per_process_not_all() {
     waiters.shutdown().await.unwrap();
 }
 
-/// A line of `MONITOR` output: (client address, command words).
-fn monitor_line(line: &str) -> Option<(String, Vec<String>)> {
-    let rest = line.split_once(" [")?.1;
-    let (who, args) = rest.split_once("] ")?;
-    let addr = who.split_whitespace().nth(1)?.to_owned();
-    let mut words: Vec<String> = args
-        .split("\" \"")
-        .map(|w| w.trim_matches('"').to_owned())
-        .collect();
-    // Commands are shown as sent: fred sends them in upper case, scripts in lower case.
-    words[0] = words[0].to_ascii_lowercase();
-    Some((addr, words))
-}
-
-fn parsed_lines(lines: &[String]) -> Vec<(String, Vec<String>)> {
-    lines.iter().filter_map(|l| monitor_line(l)).collect()
-}
-
 /// Positions in `parsed` of acquire attempts on `key`: EVALSHAs of the lock script (one key
 /// and two arguments, lease and owner; the unlock script has six) sent by a client, not from
 /// inside a script.
@@ -171,61 +154,26 @@ fn lock_attempts(parsed: &[(String, Vec<String>)], key: &str) -> Vec<usize> {
         .collect()
 }
 
-/// Reads MONITOR output into `lines` until it shows `n` acquire attempts on `key`, or 10 s
-/// passed (the caller's assertions then say what is missing).
-async fn monitor_until(
-    lines: &mut Vec<String>,
-    rx: &std::sync::mpsc::Receiver<String>,
-    key: &str,
-    n: usize,
-) {
-    let started = Instant::now();
-    while lock_attempts(&parsed_lines(lines), key).len() < n
-        && started.elapsed() < Duration::from_secs(10)
-    {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        lines.extend(rx.try_iter());
-    }
+/// Reads MONITOR output until it shows `n` acquire attempts on `key`, or 10 s passed (the
+/// caller's assertions then say what is missing).
+async fn monitor_until(monitor: &mut Monitor, key: &str, n: usize) {
+    monitor
+        .read_until(Duration::from_secs(10), |lines| {
+            let parsed: Vec<_> = lines.iter().filter_map(|l| monitor::command(l)).collect();
+            lock_attempts(&parsed, key).len() >= n
+        })
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_rechecks_only_after_its_subscription_is_confirmed() {
     // Invariant 2, as the server saw it (MONITOR): the waiter's first attempt, then the
     // SUBSCRIBE and the barrier PING on the subscriber connection, and only then its re-check.
-    use std::io::BufRead;
     let server = RedisServer::start();
     let raw = server.raw().await;
     let holder = client(&server).await;
     let guard = holder.lock("ordered").lock().await.unwrap();
-    let mut monitor = std::process::Command::new("redis-cli")
-        .args(["-p", &server.port.to_string(), "monitor"])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("redis-cli");
-    let stdout = monitor.stdout.take().unwrap();
-    let (lines_tx, lines_rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stdout)
-            .lines()
-            .map_while(Result::ok)
-        {
-            if lines_tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    // MONITOR is live once it shows a marker command.
-    let mut lines = Vec::new();
-    let started = Instant::now();
-    while !lines.iter().any(|l: &String| l.contains("monitor-marker")) {
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "MONITOR did not start"
-        );
-        let _: Option<String> = raw.get("monitor-marker").await.unwrap();
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        lines.extend(lines_rx.try_iter());
-    }
+    let mut monitor = Monitor::start(&server, &raw).await;
     let waiters = client(&server).await;
     let waiter = support::spawn_waiter(waiters.lock("ordered"));
     assert!(
@@ -237,20 +185,18 @@ async fn a_waiter_rechecks_only_after_its_subscription_is_confirmed() {
     // Release only once the waiter has made its re-check (the attempt before parking): a
     // release before it would let the re-check win, and nothing would be left to wake. On a
     // loaded machine that can take a while after the subscription.
-    monitor_until(&mut lines, &lines_rx, "ordered", 2).await;
+    monitor_until(&mut monitor, "ordered", 2).await;
     guard.unlock().await.unwrap();
     tokio::time::timeout(Duration::from_secs(10), waiter)
         .await
         .unwrap()
         .unwrap();
     // Its winning attempt reaches MONITOR's output.
-    monitor_until(&mut lines, &lines_rx, "ordered", 3).await;
+    monitor_until(&mut monitor, "ordered", 3).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let _ = monitor.kill();
-    let _ = monitor.wait();
-    lines.extend(lines_rx.try_iter());
+    monitor.stop();
 
-    let parsed = parsed_lines(&lines);
+    let parsed = monitor.commands();
     let attempts = lock_attempts(&parsed, "ordered");
     let subscribe = parsed
         .iter()

@@ -335,6 +335,7 @@ pub async fn still_held(
 
 pub mod child;
 pub mod cluster;
+pub mod monitor;
 pub mod proxy;
 pub mod sentinel;
 
