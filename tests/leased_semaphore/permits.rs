@@ -72,7 +72,7 @@ async fn at_most_n_holders(url: &str, name: &str) {
         .try_set_permits(PERMITS as u32)
         .await
         .unwrap();
-    let history = Arc::new(Mutex::new(Vec::<(Instant, Instant)>::new()));
+    let history = Arc::new(Mutex::new(Vec::<(Instant, Instant, i64)>::new()));
     let in_use = Arc::new(AtomicI64::new(0));
     let mut tasks = Vec::new();
     for client in &clients {
@@ -100,7 +100,7 @@ async fn at_most_n_holders(url: &str, name: &str) {
                     tokio::time::sleep(Duration::from_millis(fastrand::u64(0..4))).await;
                     in_use.fetch_sub(1, Ordering::SeqCst);
                     let to = Instant::now();
-                    history.lock().unwrap().push((from, to));
+                    history.lock().unwrap().push((from, to, 1));
                     permit.release().await.unwrap();
                 }
             }));
@@ -116,17 +116,7 @@ async fn at_most_n_holders(url: &str, name: &str) {
     // seen really happened.
     let history = std::mem::take(&mut *history.lock().unwrap());
     assert_eq!(history.len(), 3 * 4 * 20);
-    let mut events: Vec<(Instant, i64)> = history
-        .iter()
-        .flat_map(|(from, to)| [(*from, 1), (*to, -1)])
-        .collect();
-    events.sort_by_key(|(at, delta)| (*at, *delta));
-    let (mut held, mut most) = (0, 0);
-    for (_, delta) in events {
-        held += delta;
-        assert!(held <= PERMITS, "{held} holders at once");
-        most = most.max(held);
-    }
+    let most = max_held(&history, PERMITS);
     assert_eq!(most, PERMITS, "never every permit at once: vacuous");
     let sem = clients[0].leased_semaphore(name);
     assert_eq!(sem.available_permits().await.unwrap(), PERMITS);

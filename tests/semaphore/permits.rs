@@ -2,30 +2,6 @@
 
 use super::*;
 
-/// Checks a history of holds `(from, to, permits)` — `from` after the permits were surely
-/// taken, `to` before they were given back, so any overlap seen really happened: the permits
-/// held at any instant never exceed `limit`. Returns the most held at once.
-fn max_held(history: &[(Instant, Instant, i64)], limit: i64) -> i64 {
-    let mut events: Vec<(Instant, i64)> = Vec::new();
-    for (from, to, permits) in history {
-        assert!(from <= to);
-        events.push((*from, *permits));
-        events.push((*to, -permits));
-    }
-    // At one instant, releases before acquires: touching intervals do not overlap.
-    events.sort_by_key(|(at, delta)| (*at, *delta));
-    let (mut held, mut most) = (0, 0);
-    for (at, delta) in events {
-        held += delta;
-        assert!(
-            held <= limit,
-            "{held} permits held at once at {at:?}; the limit is {limit}"
-        );
-        most = most.max(held);
-    }
-    most
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_most_n_permits_are_held_at_any_instant() {
     const PERMITS: i64 = 3;
