@@ -70,6 +70,79 @@ async fn at_most_n_permits_are_held_at_any_instant() {
     }
 }
 
+/// Contenders that share one task — futures joined, not spawned — on two clients of one
+/// process stay within N holders too (invariant 14: a shared task is no shared holder), each
+/// through its guard: released, or dropped and given back in the background.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contenders_joined_in_one_task_stay_within_n() {
+    const PERMITS: i64 = 2;
+    let server = RedisServer::start();
+    let (a, b) = (client(&server.url()).await, client(&server.url()).await);
+    a.semaphore("joined")
+        .try_set_permits(PERMITS as u32)
+        .await
+        .unwrap();
+    let history = Mutex::new(Vec::new());
+    let in_use = AtomicI64::new(0);
+    let contender = |sem: Semaphore, c: usize| {
+        let (history, in_use) = (&history, &in_use);
+        async move {
+            for round in 0..15 {
+                let permits = 1 + ((c + round) % 2) as u32;
+                let permit = if round % 3 == 0 {
+                    loop {
+                        let wait = Duration::from_millis(fastrand::u64(1..50));
+                        if let Some(p) = sem.try_acquire_for(permits, wait).await.unwrap() {
+                            break p;
+                        }
+                    }
+                } else {
+                    sem.acquire(permits).await.unwrap()
+                };
+                let from = Instant::now();
+                let now =
+                    in_use.fetch_add(i64::from(permits), Ordering::SeqCst) + i64::from(permits);
+                assert!(now <= PERMITS, "{now} permits in use");
+                tokio::time::sleep(Duration::from_millis(fastrand::u64(0..4))).await;
+                in_use.fetch_sub(i64::from(permits), Ordering::SeqCst);
+                let to = Instant::now();
+                history.lock().unwrap().push((from, to, i64::from(permits)));
+                if round % 2 == 0 {
+                    permit.release().await.unwrap();
+                } else {
+                    drop(permit);
+                }
+            }
+        }
+    };
+    let contenders = (0..6).map(|c| {
+        let client = if c % 2 == 0 { &a } else { &b };
+        contender(client.semaphore("joined"), c)
+    });
+    tokio::time::timeout(
+        Duration::from_secs(120),
+        futures::future::join_all(contenders),
+    )
+    .await
+    .expect("the contention run finishes");
+    let history = history.into_inner().unwrap();
+    assert_eq!(history.len(), 6 * 15);
+    let most = max_held(&history, PERMITS);
+    assert_eq!(
+        most, PERMITS,
+        "the run never used every permit at once: vacuous"
+    );
+    // Dropped permits come back in the background.
+    let sem = a.semaphore("joined");
+    let back = eventually(Duration::from_secs(10), || async {
+        sem.available_permits().await.unwrap() == PERMITS
+    })
+    .await;
+    assert!(back, "every permit came back");
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelled_and_timed_out_acquires_leave_no_permit_taken() {
     // Acquires cut short at random points (dropped while parked, while their round trip is
