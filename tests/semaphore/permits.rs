@@ -420,3 +420,28 @@ async fn shutdown_gives_back_the_permits_still_held() {
     assert!(matches!(late, Err(Error::ShutDown)), "{late:?}");
     assert_eq!(get(&raw, "at-exit").await.as_deref(), Some("4"));
 }
+
+/// A permit dropped just before shutdown (the end of a scope, then the end of `main`) is back
+/// once shutdown returns: its give-back, spawned by the drop, is waited for, as shutdown waits
+/// for a dropped lock guard's release — a runtime dropped after `shutdown` would cancel it and
+/// lose the permits for good. (The test's runtime is current-thread: the give-back has not
+/// even started when shutdown begins.)
+#[tokio::test]
+async fn a_permit_dropped_just_before_shutdown_is_back_once_shutdown_returns() {
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let client = client(&server.url()).await;
+    let sem = client.semaphore("dropped-at-exit");
+    sem.try_set_permits(100).await.unwrap();
+    let mut permits = Vec::new();
+    for _ in 0..50 {
+        permits.push(sem.acquire(2).await.unwrap());
+    }
+    drop(permits);
+    client.shutdown().await.unwrap();
+    assert_eq!(
+        get(&raw, "dropped-at-exit").await.as_deref(),
+        Some("100"),
+        "the dropped permits are back once shutdown returns"
+    );
+}
