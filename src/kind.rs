@@ -312,6 +312,17 @@ pub(crate) fn prefix_name(prefix: &str, key: &str) -> Arc<str> {
     }
 }
 
+/// Redisson's `suffixName`: `{key}:suffix`, or `key:suffix` when the key already has a `{`
+/// (the helper key lands in the key's cluster slot, as [`prefix_name`]'s names do); and where
+/// `key` starts in it.
+pub(crate) fn suffix_name(key: &str, suffix: &str) -> (Arc<str>, usize) {
+    if key.contains('{') {
+        (joined(&[key, ":", suffix]), 0)
+    } else {
+        (joined(&["{", key, "}:", suffix]), 1)
+    }
+}
+
 /// Whether every name a kind derives from `key` (channels and helper keys, made by
 /// [`prefix_name`] or the `{key}:suffix` / `key:suffix` form) lands in `key`'s cluster slot.
 /// Both forms hash the same part of the name, so one comparison covers them; the hashed
@@ -350,15 +361,14 @@ mod tests {
     }
 
     #[test]
+    fn suffixed_names_follow_redisson() {
+        assert_eq!(suffix_name("gpu", "timeout"), ("{gpu}:timeout".into(), 1));
+        assert_eq!(suffix_name("{a}:b", "timeout"), ("{a}:b:timeout".into(), 0));
+    }
+
+    #[test]
     fn names_placed_in_one_slot_are_told_apart() {
         let slot = |s: &str| fred::util::redis_keyslot(s.as_bytes());
-        let suffixed = |key: &str| {
-            if key.contains('{') {
-                format!("{key}:timeout")
-            } else {
-                format!("{{{key}}}:timeout")
-            }
-        };
         for bad in ["a}b", "x{", "a{", "{}z", "q}b", "}", "a{b", "{}"] {
             assert!(!one_slot(bad), "{bad:?} accepted");
         }
@@ -373,7 +383,7 @@ mod tests {
         ] {
             let same = slot(name) == slot(&prefix_name("redisson_lock__channel", name))
                 && slot(name) == slot(&prefix_name("redisson_lock_queue", name))
-                && slot(name) == slot(&suffixed(name));
+                && slot(name) == slot(&suffix_name(name, "timeout").0);
             assert_eq!(one_slot(name), same, "{name:?}");
         }
     }

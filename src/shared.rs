@@ -41,10 +41,32 @@ pub(crate) type GiveBack = Box<dyn FnOnce(u32) -> BoxFuture<'static, Option<Erro
 
 /// The permits of a client's live permit guards, given back by its shutdown (the kinds that
 /// hand out such guards register them; this registry knows none of them).
-#[derive(Default)]
 pub(crate) struct Outstanding {
     next: AtomicU64,
     held: parking_lot::Mutex<HashMap<u64, (u32, GiveBack)>>,
+    /// How many give-backs of dropped guards are under way in the background. Shutdown waits
+    /// for them before it closes the connection: one it outran would fail, or be cancelled
+    /// with the runtime the caller drops next, and its permits would be lost for good.
+    returning: Arc<tokio::sync::watch::Sender<usize>>,
+}
+
+impl Default for Outstanding {
+    fn default() -> Outstanding {
+        Outstanding {
+            next: AtomicU64::default(),
+            held: Default::default(),
+            returning: Arc::new(tokio::sync::watch::Sender::new(0)),
+        }
+    }
+}
+
+/// One give-back of a dropped guard under way, counted until this is dropped.
+pub(crate) struct Returning(Arc<tokio::sync::watch::Sender<usize>>);
+
+impl Drop for Returning {
+    fn drop(&mut self) {
+        self.0.send_modify(|under_way| *under_way -= 1);
+    }
 }
 
 impl Outstanding {
@@ -60,18 +82,31 @@ impl Outstanding {
         self.held.lock().remove(&ticket).map(|(permits, _)| permits)
     }
 
-    /// Gives back the permits of every live permit guard (the client is shutting down): the
-    /// first error, if any.
+    /// Counts a dropped guard's give-back as under way, for shutdown to wait for. Taken
+    /// before the guard [settles](Self::remove) its ticket: then either shutdown's drain
+    /// comes first and the guard has nothing to give back, or shutdown sees this count.
+    pub(crate) fn returning(&self) -> Returning {
+        self.returning.send_modify(|under_way| *under_way += 1);
+        Returning(self.returning.clone())
+    }
+
+    /// Gives back the permits of every live permit guard (the client is shutting down), and
+    /// waits for the give-backs of dropped ones under way (each a bounded call): the first
+    /// error, if any.
     pub(crate) async fn give_all_back(&self) -> Option<Error> {
         let held: Vec<_> = self.held.lock().drain().map(|(_, taken)| taken).collect();
         let returns = held
             .into_iter()
             .map(|(permits, give_back)| give_back(permits));
-        futures::future::join_all(returns)
-            .await
-            .into_iter()
-            .flatten()
-            .next()
+        // Subscribed after the drain: a guard that settled before it counted itself first.
+        let mut under_way = self.returning.subscribe();
+        let none_under_way = async move {
+            // The borrow it returns is dropped at once: held, it would block every count.
+            let _ = under_way.wait_for(|&n| n == 0).await.map(drop);
+        };
+        let (errors, ()) =
+            futures::future::join(futures::future::join_all(returns), none_under_way).await;
+        errors.into_iter().flatten().next()
     }
 }
 

@@ -12,7 +12,7 @@ use crate::hub::Wake;
 use crate::kinds::semaphore::{
     add_permits, check_count, check_recheck, set_permits, CHANNEL_PREFIX, DEFAULT_RECHECK_INTERVAL,
 };
-use crate::kinds::{lease_millis, prefix_name, Kind, Named, Reply, Sealed};
+use crate::kinds::{lease_millis, prefix_name, suffix_name, Kind, Named, Reply, Sealed};
 use crate::shared::ClientInner;
 use crate::Guard;
 use crate::{Error, Result};
@@ -194,23 +194,13 @@ impl std::str::FromStr for PermitId {
     }
 }
 
-/// Redisson's `suffixName`: `{key}:suffix`, or `key:suffix` when the key has a `{`; and where
-/// `key` starts in it.
-fn suffix_name(key: &str, suffix: &str) -> (String, usize) {
-    if key.contains('{') {
-        (format!("{key}:{suffix}"), 0)
-    } else {
-        (format!("{{{key}}}:{suffix}"), 1)
-    }
-}
-
 impl LeasedSemaphore {
     pub(crate) fn new(client: Arc<ClientInner>, name: &str) -> LeasedSemaphore {
         let mut named = Named::new(client, name);
         let counter = named.key.clone();
         let channel = prefix_name(CHANNEL_PREFIX, &counter);
         let (timeouts, at) = suffix_name(&counter, "timeout");
-        named.rekey(timeouts.into(), at);
+        named.rekey(timeouts, at);
         LeasedSemaphore {
             inner: Arc::new(Inner {
                 named,
@@ -678,12 +668,6 @@ impl std::fmt::Debug for LeasedSemaphore {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn keys_follow_redisson() {
-        assert_eq!(suffix_name("gpu", "timeout"), ("{gpu}:timeout".into(), 1));
-        assert_eq!(suffix_name("{a}:b", "timeout"), ("{a}:b:timeout".into(), 0));
-    }
 
     #[test]
     fn permit_ids_print_and_parse_as_hex() {

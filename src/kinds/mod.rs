@@ -14,7 +14,7 @@ use crate::config::MAX_LEASE;
 use crate::conn::LuaScript;
 use crate::{Error, Result};
 // The kinds take the engine's vocabulary from here with the rest of what they share.
-pub(crate) use crate::kind::{prefix_name, sealed::Sealed, Kind, Named, Reply};
+pub(crate) use crate::kind::{prefix_name, sealed::Sealed, suffix_name, Kind, Named, Reply};
 
 pub(crate) mod fair;
 pub(crate) mod fenced;

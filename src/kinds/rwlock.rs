@@ -60,8 +60,10 @@ const CHANNEL_PREFIX: &str = "redisson_rwlock";
 const READ_UNLOCK_MESSAGE: &str = "0";
 /// What the write unlock publishes (Redisson's `READ_UNLOCK_MESSAGE`: readers may all enter).
 const WRITE_UNLOCK_MESSAGE: &str = "1";
-/// The writer field's suffix.
-const WRITE_SUFFIX: &str = ":write";
+/// The writer field's suffix (`<client uuid>:<number>:write`); [`LockState`] reads it too.
+///
+/// [`LockState`]: crate::LockState
+pub(crate) const WRITE_SUFFIX: &str = ":write";
 
 /// A distributed read/write lock: many readers at once, or one writer. Made by
 /// [`Client::read_write_lock`](crate::Client::read_write_lock); cheap to clone, `Send + Sync`.

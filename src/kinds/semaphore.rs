@@ -426,7 +426,8 @@ fn out_of_range(named: &Named, change: &str) -> Error {
 /// [`Semaphore`]).
 ///
 /// [`Client::shutdown`](crate::Client::shutdown) gives back the permits of every
-/// `SemaphorePermit` of the client still alive, as it releases the locks still held.
+/// `SemaphorePermit` of the client still alive, as it releases the locks still held, and
+/// waits for the background give-backs of those dropped before it.
 #[must_use = "dropping the permit gives its permits back at once; bind it (`let _permit = ...`) for as long as they must be held"]
 pub struct SemaphorePermit {
     inner: Arc<Inner>,
@@ -522,7 +523,12 @@ impl SemaphorePermit {
 impl Drop for SemaphorePermit {
     fn drop(&mut self) {
         // Also the end of an acquire whose caller left (dropped, timed out): its permits,
-        // taken after all, come back the same way.
+        // taken after all, come back the same way. Counted before settling, so that a
+        // shutdown that did not give these permits back waits for this give-back.
+        if self.ticket.is_none() {
+            return; // Released, forgotten, or none.
+        }
+        let returning = self.inner.named.client.outstanding_permits.returning();
         let permits = self.settle();
         if permits == 0 {
             return;
@@ -531,6 +537,7 @@ impl Drop for SemaphorePermit {
         tracing::debug!(semaphore = %inner.named.name(), permits, "semaphore permits dropped; giving them back in the background");
         let runtime = inner.named.client.conn.runtime().clone();
         runtime.spawn(async move {
+            let _returning = returning;
             if let Err(e) = give_back(inner.clone(), permits).await {
                 tracing::warn!(semaphore = %inner.named.name(), permits, error = %e, "could not give back dropped semaphore permits; they are lost");
             }

@@ -6,6 +6,7 @@ use fred::interfaces::{ClientLike, ClusterInterface};
 use fred::types::{ClusterHash, CustomCommand, Value};
 
 use crate::conn::{lua_script, LuaScript};
+use crate::kinds::rwlock::WRITE_SUFFIX;
 use crate::kinds::{Kind, Named};
 use crate::{Error, Lock, Owner, PubSubMode, ReadWriteLock, Result};
 
@@ -16,8 +17,6 @@ pub(crate) static SCRIPTS: &[&LuaScript] = &[&STATE];
 
 /// The field of a read/write lock's hash that holds its mode (Redisson's `RReadWriteLock`).
 const MODE_FIELD: &str = "mode";
-/// The suffix of a read/write lock's writer field, `<client uuid>:<number>:write`.
-const WRITE_SUFFIX: &str = ":write";
 
 /// A lock's owners, remaining lease and waiting subscribers, read at one moment.
 ///

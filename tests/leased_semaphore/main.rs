@@ -18,7 +18,7 @@ use fred::prelude::*;
 use fred::types::Message;
 use redbaton::{Client, Error, LeasedSemaphore, PermitId, MAX_PERMITS_AT_ONCE};
 use support::proxy::{Mode, Proxy};
-use support::{eventually, numsub, settled_calls, RedisServer, RENEWED_LEASE};
+use support::{eventually, max_held, numsub, settled_calls, RedisServer, RENEWED_LEASE};
 
 /// A recheck timer that never fires within a test: a waiter that gets a permit sooner was
 /// woken by a message (or by a lease it was told about).

@@ -72,7 +72,7 @@ async fn at_most_n_holders(url: &str, name: &str) {
         .try_set_permits(PERMITS as u32)
         .await
         .unwrap();
-    let history = Arc::new(Mutex::new(Vec::<(Instant, Instant)>::new()));
+    let history = Arc::new(Mutex::new(Vec::<(Instant, Instant, i64)>::new()));
     let in_use = Arc::new(AtomicI64::new(0));
     let mut tasks = Vec::new();
     for client in &clients {
@@ -100,7 +100,7 @@ async fn at_most_n_holders(url: &str, name: &str) {
                     tokio::time::sleep(Duration::from_millis(fastrand::u64(0..4))).await;
                     in_use.fetch_sub(1, Ordering::SeqCst);
                     let to = Instant::now();
-                    history.lock().unwrap().push((from, to));
+                    history.lock().unwrap().push((from, to, 1));
                     permit.release().await.unwrap();
                 }
             }));
@@ -116,17 +116,7 @@ async fn at_most_n_holders(url: &str, name: &str) {
     // seen really happened.
     let history = std::mem::take(&mut *history.lock().unwrap());
     assert_eq!(history.len(), 3 * 4 * 20);
-    let mut events: Vec<(Instant, i64)> = history
-        .iter()
-        .flat_map(|(from, to)| [(*from, 1), (*to, -1)])
-        .collect();
-    events.sort_by_key(|(at, delta)| (*at, *delta));
-    let (mut held, mut most) = (0, 0);
-    for (_, delta) in events {
-        held += delta;
-        assert!(held <= PERMITS, "{held} holders at once");
-        most = most.max(held);
-    }
+    let most = max_held(&history, PERMITS);
     assert_eq!(most, PERMITS, "never every permit at once: vacuous");
     let sem = clients[0].leased_semaphore(name);
     assert_eq!(sem.available_permits().await.unwrap(), PERMITS);
@@ -134,6 +124,74 @@ async fn at_most_n_holders(url: &str, name: &str) {
     for client in clients {
         client.shutdown().await.unwrap();
     }
+}
+
+/// Contenders that share one task — futures joined, not spawned — on two clients of one
+/// process stay within N holders too (invariant 14: a shared task is no shared holder; the
+/// holds registry must not take a second permit of this task for the first), in every
+/// acquire style, several permits at once among them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contenders_joined_in_one_task_stay_within_n() {
+    let server = RedisServer::start();
+    let (a, b) = (client(&server.url()).await, client(&server.url()).await);
+    a.leased_semaphore("joined")
+        .try_set_permits(PERMITS as u32)
+        .await
+        .unwrap();
+    let history = Mutex::new(Vec::new());
+    let in_use = AtomicI64::new(0);
+    let contender = |sem: LeasedSemaphore, c: usize| {
+        let (history, in_use) = (&history, &in_use);
+        async move {
+            for round in 0..15 {
+                let permit = match (c + round) % 4 {
+                    0 => loop {
+                        let wait = Duration::from_millis(fastrand::u64(1..50));
+                        if let Some(p) = sem.try_acquire_for(wait).await.unwrap() {
+                            break p;
+                        }
+                    },
+                    1 => sem
+                        .acquire_with_lease(Duration::from_secs(60))
+                        .await
+                        .unwrap(),
+                    2 => sem.acquire_many(2).await.unwrap(),
+                    _ => sem.acquire().await.unwrap(),
+                };
+                let permits = i64::from(permit.permits());
+                let from = Instant::now();
+                let now = in_use.fetch_add(permits, Ordering::SeqCst) + permits;
+                assert!(now <= PERMITS, "{now} permits in use");
+                tokio::time::sleep(Duration::from_millis(fastrand::u64(0..4))).await;
+                in_use.fetch_sub(permits, Ordering::SeqCst);
+                let to = Instant::now();
+                history.lock().unwrap().push((from, to, permits));
+                permit.release().await.unwrap();
+            }
+        }
+    };
+    let contenders = (0..6).map(|c| {
+        let client = if c % 2 == 0 { &a } else { &b };
+        contender(client.leased_semaphore("joined"), c)
+    });
+    tokio::time::timeout(
+        Duration::from_secs(120),
+        futures::future::join_all(contenders),
+    )
+    .await
+    .expect("the contention run finishes");
+    let history = history.into_inner().unwrap();
+    assert_eq!(history.len(), 6 * 15);
+    assert_eq!(
+        max_held(&history, PERMITS),
+        PERMITS,
+        "never every permit at once: vacuous"
+    );
+    let sem = a.leased_semaphore("joined");
+    assert_eq!(sem.available_permits().await.unwrap(), PERMITS);
+    assert_eq!(sem.acquired_permits().await.unwrap(), 0);
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

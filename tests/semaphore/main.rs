@@ -18,7 +18,7 @@ use fred::prelude::*;
 use fred::types::Message;
 use redbaton::{Client, Error, Semaphore, SemaphorePermit, MAX_PERMITS};
 use support::proxy::{Mode, Proxy};
-use support::{command_calls, eventually, numsub, RedisServer};
+use support::{command_calls, eventually, max_held, numsub, RedisServer};
 
 async fn client(url: &str) -> Client {
     Client::connect(url).await.unwrap()

@@ -2,30 +2,6 @@
 
 use super::*;
 
-/// Checks a history of holds `(from, to, permits)` — `from` after the permits were surely
-/// taken, `to` before they were given back, so any overlap seen really happened: the permits
-/// held at any instant never exceed `limit`. Returns the most held at once.
-fn max_held(history: &[(Instant, Instant, i64)], limit: i64) -> i64 {
-    let mut events: Vec<(Instant, i64)> = Vec::new();
-    for (from, to, permits) in history {
-        assert!(from <= to);
-        events.push((*from, *permits));
-        events.push((*to, -permits));
-    }
-    // At one instant, releases before acquires: touching intervals do not overlap.
-    events.sort_by_key(|(at, delta)| (*at, *delta));
-    let (mut held, mut most) = (0, 0);
-    for (at, delta) in events {
-        held += delta;
-        assert!(
-            held <= limit,
-            "{held} permits held at once at {at:?}; the limit is {limit}"
-        );
-        most = most.max(held);
-    }
-    most
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_most_n_permits_are_held_at_any_instant() {
     const PERMITS: i64 = 3;
@@ -92,6 +68,79 @@ async fn at_most_n_permits_are_held_at_any_instant() {
     for client in clients {
         client.shutdown().await.unwrap();
     }
+}
+
+/// Contenders that share one task — futures joined, not spawned — on two clients of one
+/// process stay within N holders too (invariant 14: a shared task is no shared holder), each
+/// through its guard: released, or dropped and given back in the background.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contenders_joined_in_one_task_stay_within_n() {
+    const PERMITS: i64 = 2;
+    let server = RedisServer::start();
+    let (a, b) = (client(&server.url()).await, client(&server.url()).await);
+    a.semaphore("joined")
+        .try_set_permits(PERMITS as u32)
+        .await
+        .unwrap();
+    let history = Mutex::new(Vec::new());
+    let in_use = AtomicI64::new(0);
+    let contender = |sem: Semaphore, c: usize| {
+        let (history, in_use) = (&history, &in_use);
+        async move {
+            for round in 0..15 {
+                let permits = 1 + ((c + round) % 2) as u32;
+                let permit = if round % 3 == 0 {
+                    loop {
+                        let wait = Duration::from_millis(fastrand::u64(1..50));
+                        if let Some(p) = sem.try_acquire_for(permits, wait).await.unwrap() {
+                            break p;
+                        }
+                    }
+                } else {
+                    sem.acquire(permits).await.unwrap()
+                };
+                let from = Instant::now();
+                let now =
+                    in_use.fetch_add(i64::from(permits), Ordering::SeqCst) + i64::from(permits);
+                assert!(now <= PERMITS, "{now} permits in use");
+                tokio::time::sleep(Duration::from_millis(fastrand::u64(0..4))).await;
+                in_use.fetch_sub(i64::from(permits), Ordering::SeqCst);
+                let to = Instant::now();
+                history.lock().unwrap().push((from, to, i64::from(permits)));
+                if round % 2 == 0 {
+                    permit.release().await.unwrap();
+                } else {
+                    drop(permit);
+                }
+            }
+        }
+    };
+    let contenders = (0..6).map(|c| {
+        let client = if c % 2 == 0 { &a } else { &b };
+        contender(client.semaphore("joined"), c)
+    });
+    tokio::time::timeout(
+        Duration::from_secs(120),
+        futures::future::join_all(contenders),
+    )
+    .await
+    .expect("the contention run finishes");
+    let history = history.into_inner().unwrap();
+    assert_eq!(history.len(), 6 * 15);
+    let most = max_held(&history, PERMITS);
+    assert_eq!(
+        most, PERMITS,
+        "the run never used every permit at once: vacuous"
+    );
+    // Dropped permits come back in the background.
+    let sem = a.semaphore("joined");
+    let back = eventually(Duration::from_secs(10), || async {
+        sem.available_permits().await.unwrap() == PERMITS
+    })
+    .await;
+    assert!(back, "every permit came back");
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -370,4 +419,29 @@ async fn shutdown_gives_back_the_permits_still_held() {
     let late = held.release().await;
     assert!(matches!(late, Err(Error::ShutDown)), "{late:?}");
     assert_eq!(get(&raw, "at-exit").await.as_deref(), Some("4"));
+}
+
+/// A permit dropped just before shutdown (the end of a scope, then the end of `main`) is back
+/// once shutdown returns: its give-back, spawned by the drop, is waited for, as shutdown waits
+/// for a dropped lock guard's release — a runtime dropped after `shutdown` would cancel it and
+/// lose the permits for good. (The test's runtime is current-thread: the give-back has not
+/// even started when shutdown begins.)
+#[tokio::test]
+async fn a_permit_dropped_just_before_shutdown_is_back_once_shutdown_returns() {
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let client = client(&server.url()).await;
+    let sem = client.semaphore("dropped-at-exit");
+    sem.try_set_permits(100).await.unwrap();
+    let mut permits = Vec::new();
+    for _ in 0..50 {
+        permits.push(sem.acquire(2).await.unwrap());
+    }
+    drop(permits);
+    client.shutdown().await.unwrap();
+    assert_eq!(
+        get(&raw, "dropped-at-exit").await.as_deref(),
+        Some("100"),
+        "the dropped permits are back once shutdown returns"
+    );
 }

@@ -22,6 +22,31 @@ pub struct RedisServer {
 /// delays by a second does not lose the hold.
 pub const RENEWED_LEASE: Duration = Duration::from_secs(2);
 
+/// Checks a semaphore's history of holds `(from, to, permits)` — `from` after the permits
+/// were surely taken, `to` before they were given back, so any overlap seen really happened:
+/// the permits held at any instant never exceed `limit`. Returns the most held at once (a
+/// caller asserts it reached `limit`, or its run proved nothing).
+pub fn max_held(history: &[(Instant, Instant, i64)], limit: i64) -> i64 {
+    let mut events: Vec<(Instant, i64)> = Vec::new();
+    for (from, to, permits) in history {
+        assert!(from <= to);
+        events.push((*from, *permits));
+        events.push((*to, -permits));
+    }
+    // At one instant, releases before acquires: touching intervals do not overlap.
+    events.sort_by_key(|(at, delta)| (*at, *delta));
+    let (mut held, mut most) = (0, 0);
+    for (at, delta) in events {
+        held += delta;
+        assert!(
+            held <= limit,
+            "{held} permits held at once at {at:?}; the limit is {limit}"
+        );
+        most = most.max(held);
+    }
+    most
+}
+
 /// A free TCP port on 127.0.0.1 (bound and released; the server binds it next).
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
