@@ -282,3 +282,59 @@ async fn a_healthy_replica_acknowledges_every_group() {
         task.unwrap();
     }
 }
+
+/// A caller that leaves while its script waits behind the group in flight: the script is not
+/// dropped with it — it goes out with the next group, once — and the hold it took is released,
+/// since nobody waits for it. (The test above aborts its callers at once, mostly before they
+/// have issued anything; here the caller leaves provably while queued.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_leaving_while_queued_still_has_its_script_run_and_released() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port).await;
+    let client = client_with(proxy.url(), ReplicaSync::Off, Duration::from_secs(10)).await;
+    let raw = server.raw().await;
+    // Loaded first: a NOSCRIPT's reload would not go through the group.
+    drop(client.lock("warm").lock().await.unwrap());
+    let released = eventually(Duration::from_secs(5), || async {
+        raw.exists::<i64, _>("warm").await.unwrap() == 0
+    })
+    .await;
+    assert!(released, "the warm-up hold was released");
+    // The first script's reply is held back this long: its group stays in flight.
+    let delay = Duration::from_secs(3);
+    proxy.set(Mode::RepliesDelayed(delay));
+    let first = client.lock("first");
+    let holder = tokio::spawn(async move { first.lock().await });
+    let ran = eventually(Duration::from_secs(5), || async {
+        raw.exists::<i64, _>("first").await.unwrap() == 1
+    })
+    .await;
+    assert!(ran, "the first script ran; its reply is on its way back");
+    let before = support::script_calls(&raw).await;
+    // Issued behind the first group, then dropped well before that group's reply is back.
+    let left = tokio::time::timeout(Duration::from_millis(300), client.lock("second").lock()).await;
+    assert!(
+        left.is_err(),
+        "the second lock returned while the first group was in flight"
+    );
+    assert_eq!(
+        raw.exists::<i64, _>("second").await.unwrap(),
+        0,
+        "the second script went out while the first group was in flight"
+    );
+    let guard = holder.await.unwrap().unwrap();
+    // Its script runs with the next group, and the hold is released behind it: two scripts.
+    let settled = eventually(Duration::from_secs(15), || async {
+        support::script_calls(&raw).await >= before + 2
+            && raw.exists::<i64, _>("second").await.unwrap() == 0
+    })
+    .await;
+    assert!(
+        settled,
+        "the second caller's script ran and its hold was released ({} scripts since it left)",
+        support::script_calls(&raw).await - before
+    );
+    drop(guard);
+    let left = support::still_held(&raw, ["first".to_owned(), "second".to_owned()]).await;
+    assert!(left.is_empty(), "left held: {left:?}");
+}
