@@ -338,3 +338,38 @@ async fn a_caller_leaving_while_queued_still_has_its_script_run_and_released() {
     let left = support::still_held(&raw, ["first".to_owned(), "second".to_owned()]).await;
     assert!(left.is_empty(), "left held: {left:?}");
 }
+
+/// Futures of one task trying one name at once, through one client: their scripts travel in
+/// one group (one pipeline, behind an unrelated try in flight), and still exactly one of them
+/// holds the lock — sharing a task or a group makes nobody a co-owner (invariants 14, 15).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn futures_of_one_task_in_one_group_exclude_each_other() {
+    let server = RedisServer::start();
+    let client = client(server.url(), ReplicaSync::Off).await;
+    let raw = server.raw().await;
+    let other = client.lock("other");
+    let shared = client.lock("shared");
+    for round in 0..20 {
+        // `join!` polls in order: the first try goes out alone, the others queue behind it.
+        let (first, tries) = tokio::join!(
+            other.try_lock(),
+            futures::future::join_all((0..8).map(|_| shared.try_lock()))
+        );
+        let first = first.unwrap().expect("nobody else holds the other lock");
+        let guards: Vec<_> = tries.into_iter().filter_map(|t| t.unwrap()).collect();
+        assert_eq!(
+            guards.len(),
+            1,
+            "round {round}: {} holders at once",
+            guards.len()
+        );
+        let counts: Vec<i64> = raw.hvals("shared").await.unwrap();
+        assert_eq!(counts, vec![1], "round {round}: one owner holding once");
+        for guard in guards {
+            guard.unlock().await.unwrap();
+        }
+        first.unlock().await.unwrap();
+    }
+    let left = support::still_held(&raw, ["other".to_owned(), "shared".to_owned()]).await;
+    assert!(left.is_empty(), "left held: {left:?}");
+}
