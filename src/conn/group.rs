@@ -59,11 +59,14 @@ pub(crate) struct Groups {
 }
 
 impl Groups {
-    /// The write path over `redis`, its tasks on the current runtime.
-    pub(crate) fn new(redis: fred::clients::Client) -> Arc<Groups> {
+    /// The write path over `redis`, its tasks on `runtime` (the client's).
+    pub(crate) fn new(
+        redis: fred::clients::Client,
+        runtime: tokio::runtime::Handle,
+    ) -> Arc<Groups> {
         Arc::new(Groups {
             redis,
-            runtime: tokio::runtime::Handle::current(),
+            runtime,
             queues: Mutex::new(HashMap::new()),
         })
     }
