@@ -258,13 +258,14 @@ impl Conn {
         sync: ReplicaSync,
     ) -> Arc<Conn> {
         let redis_clustered = redis.is_clustered();
-        let groups = Groups::new(redis.clone());
+        let runtime = tokio::runtime::Handle::current();
+        let groups = Groups::new(redis.clone(), runtime.clone());
         let conn = Arc::new(Conn {
             clustered: redis_clustered,
             redis,
             command_timeout,
             publish,
-            runtime: tokio::runtime::Handle::current(),
+            runtime,
             closed: AtomicBool::new(false),
             replication: Arc::new(Replication {
                 sync,

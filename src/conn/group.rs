@@ -48,27 +48,25 @@ struct Member {
     reply: oneshot::Sender<Outcome>,
 }
 
-/// The scripts issued for one slot while its group is in flight.
-#[derive(Default)]
-struct Queue {
-    next: Vec<Member>,
-}
-
 /// The group-commit write path of one client.
 pub(crate) struct Groups {
     redis: fred::clients::Client,
     /// Where the groups' tasks run (a caller may stop waiting outside any runtime context).
     runtime: tokio::runtime::Handle,
-    /// A slot has an entry exactly while a group of it is in flight.
-    queues: Mutex<HashMap<Option<u16>, Queue>>,
+    /// A slot has an entry exactly while a group of it is in flight: the scripts issued
+    /// meanwhile, its next group.
+    queues: Mutex<HashMap<Option<u16>, Vec<Member>>>,
 }
 
 impl Groups {
-    /// The write path over `redis`, its tasks on the current runtime.
-    pub(crate) fn new(redis: fred::clients::Client) -> Arc<Groups> {
+    /// The write path over `redis`, its tasks on `runtime` (the client's).
+    pub(crate) fn new(
+        redis: fred::clients::Client,
+        runtime: tokio::runtime::Handle,
+    ) -> Arc<Groups> {
         Arc::new(Groups {
             redis,
-            runtime: tokio::runtime::Handle::current(),
+            runtime,
             queues: Mutex::new(HashMap::new()),
         })
     }
@@ -84,9 +82,9 @@ impl Groups {
         let queued = {
             let mut queues = self.queues.lock();
             match queues.get_mut(&slot) {
-                Some(queue) => {
+                Some(next) => {
                     let (reply, outcome) = oneshot::channel();
-                    queue.next.push(Member {
+                    next.push(Member {
                         command,
                         wait: wait.map(|wait| (wait, Instant::now() + wait.timeout)),
                         reply,
@@ -94,7 +92,7 @@ impl Groups {
                     Ok(outcome)
                 }
                 None => {
-                    queues.insert(slot, Queue::default());
+                    queues.insert(slot, Vec::new());
                     Err(command)
                 }
             }
@@ -133,7 +131,7 @@ impl Groups {
     /// or frees the slot when there are none.
     fn hand_over(self: &Arc<Self>, slot: Option<u16>) {
         let mut queues = self.queues.lock();
-        if queues.get(&slot).is_some_and(|queue| queue.next.is_empty()) {
+        if queues.get(&slot).is_some_and(Vec::is_empty) {
             queues.remove(&slot);
         } else {
             drop(queues);
@@ -146,14 +144,14 @@ impl Groups {
         loop {
             let group = {
                 let mut queues = self.queues.lock();
-                let Some(queue) = queues.get_mut(&slot) else {
+                let Some(next) = queues.get_mut(&slot) else {
                     return;
                 };
-                if queue.next.is_empty() {
+                if next.is_empty() {
                     queues.remove(&slot);
                     return;
                 }
-                std::mem::take(&mut queue.next)
+                std::mem::take(next)
             };
             self.run(slot, group).await;
         }
