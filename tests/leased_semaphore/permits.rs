@@ -15,14 +15,9 @@ async fn a_release_wakes_a_parked_waiter() {
         .leased_semaphore("wake")
         .with_recheck_interval(NO_RECHECK)
         .unwrap();
+    let before = support::script_calls(&raw).await;
     let task = tokio::spawn(async move { waiter.acquire().await });
-    assert!(
-        eventually(Duration::from_secs(10), || async {
-            numsub(&raw, "redisson_sc:{wake}").await == 1
-        })
-        .await
-    );
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    support::parked_fresh(&raw, "redisson_sc:{wake}", before).await;
     let released_at = Instant::now();
     held.release().await.unwrap();
     let permit = tokio::time::timeout(Duration::from_secs(20), task)

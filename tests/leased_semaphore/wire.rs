@@ -231,17 +231,12 @@ async fn a_redisson_peer_shares_permits_both_ways_with_binary_ids() {
     assert_eq!(reply.as_str().as_deref(), Some("OK"));
     assert_eq!(sem.acquired_permits().await.unwrap(), 2);
     assert!(sem.try_acquire().await.unwrap().is_none());
+    let before = support::script_calls(&raw).await;
     let waiter = {
         let sem = sem.clone();
         tokio::spawn(async move { sem.acquire().await })
     };
-    assert!(
-        eventually(Duration::from_secs(10), || async {
-            numsub(&raw, "redisson_sc:{shared}").await == 1
-        })
-        .await
-    );
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    support::parked_fresh(&raw, "redisson_sc:{shared}", before).await;
     // The peer's release (publishing the new free count) wakes us at once.
     let released_at = Instant::now();
     assert_eq!(peer_release(&raw, &sem, &java_a).await, 1);

@@ -101,6 +101,7 @@ async fn waiters_across_processes_are_woken_by_releases() {
     let server = RedisServer::start();
     let a = client(&server.url()).await;
     let b = client(&server.url()).await;
+    let raw = server.raw().await;
     let holder = a.semaphore("cross");
     holder.try_set_permits(2).await.unwrap();
     assert!(kept(holder.try_acquire(2).await.unwrap()));
@@ -110,9 +111,10 @@ async fn waiters_across_processes_are_woken_by_releases() {
             .with_recheck_interval(NO_RECHECK)
             .unwrap();
         assert!(!kept(waiter.try_acquire(1).await.unwrap()));
+        let before = support::script_calls(&raw).await;
         let task =
             tokio::spawn(async move { waiter.acquire(1).await.map(SemaphorePermit::forget) });
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        support::parked_fresh(&raw, "redisson_sc:{cross}", before).await;
         holder.release(1).await.unwrap();
         tokio::time::timeout(Duration::from_secs(20), task)
             .await

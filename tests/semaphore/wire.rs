@@ -233,11 +233,12 @@ async fn a_redisson_peer_shares_the_permits_both_ways() {
     // wakes us at once.
     assert!(peer_try_acquire(&raw, &sem, 2).await);
     assert!(!kept(sem.try_acquire(1).await.unwrap()));
+    let before = support::script_calls(&raw).await;
     let waiter = {
         let sem = sem.clone();
         tokio::spawn(async move { sem.acquire(1).await.map(SemaphorePermit::forget) })
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    support::parked_fresh(&raw, sem.channel(), before).await;
     peer_release(&raw, &sem, 1).await;
     tokio::time::timeout(Duration::from_secs(20), waiter)
         .await
@@ -254,11 +255,18 @@ async fn a_redisson_peer_shares_the_permits_both_ways() {
     sem.add_permits(-2).await.unwrap();
     peer_release(&raw, &sem, 1).await; // publishes "-1"
     peer_release(&raw, &sem, 1).await; // publishes "0"
+                                       // The first waiter's subscription is gone, so this one is a fresh waiter too.
+    let unsubscribed = eventually(Duration::from_secs(20), || async {
+        numsub(&raw, sem.channel()).await == 0
+    })
+    .await;
+    assert!(unsubscribed, "the first waiter's subscription ended");
+    let before = support::script_calls(&raw).await;
     let waiter = {
         let sem = sem.clone();
         tokio::spawn(async move { sem.acquire(2).await.map(SemaphorePermit::forget) })
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    support::parked_fresh(&raw, sem.channel(), before).await;
     peer_release(&raw, &sem, 2).await; // publishes "2"
     tokio::time::timeout(Duration::from_secs(20), waiter)
         .await

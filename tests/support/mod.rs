@@ -276,6 +276,26 @@ pub async fn numsub(raw: &fred::clients::Client, channel: &str) -> i64 {
     reply.get(1).and_then(|v| v.as_i64()).unwrap_or(-1)
 }
 
+/// Waits (bounded by 20 s) until a waiter that started after the server had run
+/// `scripts_before` scripts is parked on `channel`, a channel its client was not subscribed
+/// to: the engine tries once, subscribes, and tries again once the subscription is confirmed,
+/// so both attempts having run means it is subscribed and found nothing to take. A release
+/// after this reaches it only by its message (or by a recheck the test has turned off);
+/// released earlier, its own re-check would take the permit and the test would prove nothing.
+/// A renewal of another hold may count as one of the two: it only makes that run weaker.
+pub async fn parked_fresh(raw: &fred::clients::Client, channel: &str, scripts_before: u64) {
+    let parked = eventually(Duration::from_secs(20), || async {
+        numsub(raw, channel).await >= 1 && script_calls(raw).await >= scripts_before + 2
+    })
+    .await;
+    assert!(
+        parked,
+        "the waiter never parked on {channel}: {} subscribers, {} scripts since it started",
+        numsub(raw, channel).await,
+        script_calls(raw).await - scripts_before
+    );
+}
+
 /// `PUBSUB SHARDNUMSUB channel` on a single server: its shard subscribers.
 pub async fn shard_numsub(raw: &fred::clients::Client, channel: &str) -> i64 {
     let reply: Vec<Value> = raw
