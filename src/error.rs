@@ -116,7 +116,7 @@ impl Error {
             // or a redirect) and was told not to: whether it ran is unknown.
             return Error::Connection(format!("not re-sent: {details}"));
         }
-        if details.starts_with("Failed to route command") {
+        if is_unrouted(err) {
             // fred had no connection to send it on (disconnected, reconnecting): the command
             // was not sent. Kind `Unknown` in fred 10.1, but transient like any I/O error.
             return Error::Connection(format!("not connected: {details}"));
@@ -194,6 +194,12 @@ pub(crate) fn is_rewrite(err: &fred::error::Error) -> bool {
 /// have left and some not: it did not run, and may once the keys have all moved.
 pub(crate) fn is_tryagain(err: &fred::error::Error) -> bool {
     err.details().starts_with("TRYAGAIN")
+}
+
+/// fred had no connection to route a command to (a node it is not connected to, or while it
+/// reconnects): the command was not written, so it did not run.
+pub(crate) fn is_unrouted(err: &fred::error::Error) -> bool {
+    err.details().starts_with("Failed to route command")
 }
 
 /// A blocking command (here `WAIT`) ended by the server without its answer: a failover

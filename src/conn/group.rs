@@ -3,10 +3,17 @@
 //! Sent one by one, every such script costs its own write and, with replica sync, its own
 //! `WAIT` — which blocks the connection on the server until the replicas answer, so one slow
 //! replica queues every lock of the process behind everyone's acknowledgement timeouts.
-//! Here, scripts issued while an earlier group is in flight to the same slot (the one node of
-//! a client that is not clustered) wait for it and then leave together: one pipeline, then
-//! one `WAIT`, which covers every earlier write of its connection and so all of the group's.
-//! There are no timers: a lone script leaves at once.
+//! Here, scripts issued while an earlier group is in flight to the same node wait for it and
+//! then leave together, written back to back, followed by one `WAIT`, which covers every
+//! earlier write of its connection and so all of the group's. There are no timers: a lone
+//! script leaves at once.
+//!
+//! Groups are per node, not per slot: on a cluster every slot of a primary shares its one
+//! connection, where a `WAIT` blocks everything behind it, so per-slot groups would queue each
+//! slot's `WAIT` behind the others'. The node is the slot's owner in fred's cached slot map,
+//! and a group's scripts and `WAIT` are pinned to that node's connection. A script whose slot
+//! has moved since is refused there (MOVED) and did not run; its caller sends it again as it
+//! would a script sent alone. A slot with no known owner yet is sent alone, by its slot.
 //!
 //! A group's `WAIT` lasts no longer than the earliest acknowledgement deadline among its
 //! members (each member's deadline runs from when it was issued), so a member kept waiting
@@ -19,18 +26,23 @@
 //! (NOSCRIPT, a redirection) is [`crate::conn`]'s, per caller, as for a script sent alone.
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use fred::error::{Error as FredError, ErrorKind};
 use fred::interfaces::ClientLike;
-use fred::types::config::Options;
+use fred::interfaces::ClusterInterface;
+use fred::types::config::{Options, Server};
 use fred::types::{ClusterHash, CustomCommand, Value};
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::{acked, send, wait_command, Wait};
+use crate::error::is_unrouted;
 
 /// The shortest `WAIT` a group sends: `WAIT` with a timeout of 0 blocks for ever.
 const MIN_WAIT: Duration = Duration::from_millis(1);
@@ -41,6 +53,8 @@ pub(crate) type Outcome = (Result<Value, FredError>, Option<Result<u32, FredErro
 
 /// One script waiting for, or travelling in, a group.
 struct Member {
+    /// Its keys' slot (`None`: not clustered).
+    slot: Option<u16>,
     /// The `EVALSHA` arguments.
     command: Vec<Value>,
     /// The acknowledgement it needs, if any, and by when.
@@ -53,9 +67,9 @@ pub(crate) struct Groups {
     redis: fred::clients::Client,
     /// Where the groups' tasks run (a caller may stop waiting outside any runtime context).
     runtime: tokio::runtime::Handle,
-    /// A slot has an entry exactly while a group of it is in flight: the scripts issued
-    /// meanwhile, its next group.
-    queues: Mutex<HashMap<Option<u16>, Vec<Member>>>,
+    /// A node (`None`: the one node of a client that is not clustered) has an entry exactly
+    /// while a group of it is in flight: the scripts issued meanwhile, its next group.
+    queues: Mutex<HashMap<Option<Server>, Vec<Member>>>,
 }
 
 impl Groups {
@@ -72,19 +86,45 @@ impl Groups {
     }
 
     /// Sends `command` (an `EVALSHA`'s arguments) for `slot` (`None`: not clustered) in the
-    /// next group, followed by that group's `WAIT` when `wait` is set.
+    /// next group of the node that serves it, followed by that group's `WAIT` when `wait` is
+    /// set.
     pub(crate) async fn send(
         self: &Arc<Self>,
         slot: Option<u16>,
         command: Vec<Value>,
         wait: Option<Wait>,
     ) -> Outcome {
+        let node = match slot {
+            None => None,
+            Some(slot) => {
+                let owner = self
+                    .redis
+                    .cached_cluster_state()
+                    .and_then(|state| state.get_server(slot).cloned());
+                if owner.is_none() {
+                    // No slot map yet: alone, routed by its slot; a redirection is its
+                    // caller's.
+                    return send(
+                        &self.redis,
+                        &unbounded(),
+                        "EVALSHA",
+                        Some(slot),
+                        command,
+                        wait,
+                        None,
+                    )
+                    .await;
+                }
+                owner
+            }
+        };
         let queued = {
             let mut queues = self.queues.lock();
-            match queues.get_mut(&slot) {
+            match queues.get_mut(&node) {
                 Some(next) => {
                     let (reply, outcome) = oneshot::channel();
                     next.push(Member {
+                        slot,
                         command,
                         wait: wait.map(|wait| (wait, Instant::now() + wait.timeout)),
                         reply,
@@ -92,7 +132,7 @@ impl Groups {
                     Ok(outcome)
                 }
                 None => {
-                    queues.insert(slot, Vec::new());
+                    queues.insert(node.clone(), Vec::new());
                     Err(command)
                 }
             }
@@ -101,18 +141,24 @@ impl Groups {
             Ok(outcome) => outcome,
             Err(command) => {
                 // Nothing in flight: a group of one, sent from the caller's own task as a
-                // plain send (no hop to another task, no pipeline to build). Scripts issued
+                // plain send (no hop to another task). Scripts issued
                 // meanwhile form the next group, which a task sends (see `Handover`), so a
-                // caller that stops waiting here strands nobody.
+                // caller that stops waiting here strands nobody. Routed by its slot, to the
+                // node it was keyed by (the same slot map), unless that map changed meanwhile.
                 let handover = Handover {
                     groups: self.clone(),
+                    node,
+                };
+                let sent = send(
+                    &self.redis,
+                    &unbounded(),
+                    "EVALSHA",
                     slot,
-                };
-                let options = Options {
-                    timeout: Some(Duration::ZERO),
-                    ..Options::default()
-                };
-                let sent = send(&self.redis, &options, "EVALSHA", slot, command, wait, None).await;
+                    command,
+                    wait,
+                    None,
+                )
+                .await;
                 drop(handover);
                 return sent;
             }
@@ -128,46 +174,86 @@ impl Groups {
     }
 
     /// After a group sent from a caller's task: hands the groups issued meanwhile to a task,
-    /// or frees the slot when there are none.
-    fn hand_over(self: &Arc<Self>, slot: Option<u16>) {
+    /// or frees the node when there are none.
+    fn hand_over(self: &Arc<Self>, node: Option<Server>) {
         let mut queues = self.queues.lock();
-        if queues.get(&slot).is_some_and(Vec::is_empty) {
-            queues.remove(&slot);
+        if queues.get(&node).is_some_and(Vec::is_empty) {
+            queues.remove(&node);
         } else {
             drop(queues);
-            self.runtime.spawn(self.clone().drive(slot));
+            self.runtime.spawn(self.clone().drive(node));
         }
     }
 
-    /// Sends `slot`'s groups one after the other until none is waiting.
-    async fn drive(self: Arc<Self>, slot: Option<u16>) {
+    /// Sends `node`'s groups one after the other until none is waiting.
+    async fn drive(self: Arc<Self>, node: Option<Server>) {
         loop {
             let group = {
                 let mut queues = self.queues.lock();
-                let Some(next) = queues.get_mut(&slot) else {
+                let Some(next) = queues.get_mut(&node) else {
                     return;
                 };
                 if next.is_empty() {
-                    queues.remove(&slot);
+                    queues.remove(&node);
                     return;
                 }
                 std::mem::take(next)
             };
-            self.run(slot, group).await;
+            match &node {
+                // A node fred has no connection to (killed, not yet out of its slot map):
+                // pinning a command there would make fred restart every connection of the
+                // client. Each member goes alone, by its slot, its `WAIT` behind it.
+                Some(server) if !self.redis.active_connections().contains(server) => {
+                    self.run_alone(group).await
+                }
+                _ => self.run(node.as_ref(), group).await,
+            }
         }
     }
 
-    /// Sends one group: its scripts in one pipeline, then one `WAIT` if any member needs it,
-    /// back to back on the slot's connection. Members that need no acknowledgement are
-    /// answered as soon as the scripts' replies are in.
-    async fn run(&self, slot: Option<u16>, group: Vec<Member>) {
-        let hash = slot.map_or(ClusterHash::Random, ClusterHash::Custom);
-        // No timeout of fred's: the outcome of every script sent must be learnt (see
-        // `Conn::call`); callers bound their own waits.
+    /// Sends each member of `group` as a plain send (script, then its own `WAIT`), together,
+    /// each routed by its own slot: fred then sends a slot whose owner it has no connection to
+    /// to another node, whose MOVED its caller answers as for any script sent alone.
+    async fn run_alone(&self, group: Vec<Member>) {
+        let sends = group.into_iter().map(|member| async move {
+            let wait = member.wait.map(|(wait, by)| Wait {
+                timeout: by.saturating_duration_since(Instant::now()).max(MIN_WAIT),
+                ..wait
+            });
+            let sent = send(
+                &self.redis,
+                &unbounded(),
+                "EVALSHA",
+                member.slot,
+                member.command,
+                wait,
+                None,
+            )
+            .await;
+            let _ = member.reply.send(sent);
+        });
+        futures::future::join_all(sends).await;
+    }
+
+    /// Sends one group: its scripts back to back, then one `WAIT` if any member needs it, all
+    /// on `node`'s connection (`None`: the one node of a client that is not clustered).
+    /// Members that need no acknowledgement are answered as soon as the scripts' replies are
+    /// in.
+    ///
+    /// Each script is a command of its own, not one of a fred pipeline: fred answers a
+    /// pipeline whose command met a redirection (MOVED, ASK) with that one error and drops the
+    /// others' replies, so members whose scripts ran would be told they had been refused, and
+    /// send them again. Commands queued together are still written together (fred flushes
+    /// once its queue is empty).
+    async fn run(&self, node: Option<&Server>, group: Vec<Member>) {
+        // Pinned: one connection carries the group and its `WAIT`, whatever the slot map
+        // says by the time they are routed.
         let options = Options {
-            timeout: Some(Duration::ZERO),
-            ..Options::default()
+            cluster_node: node.cloned(),
+            ..unbounded()
         };
+        let hash = |slot: Option<u16>| slot.map_or(ClusterHash::Random, ClusterHash::Custom);
+        let wait_hash = hash(group.first().and_then(|member| member.slot));
         let now = Instant::now();
         let wait = group
             .iter()
@@ -180,79 +266,109 @@ impl Groups {
                 timeout: by.saturating_duration_since(now).max(MIN_WAIT),
                 ..wait
             });
-        let pipeline = self.redis.pipeline();
-        let queued = pipeline.with_options(&options);
-        let mut sent = Vec::with_capacity(group.len());
-        for member in group {
-            let command = CustomCommand::new_static("EVALSHA", hash.clone(), false);
-            match queued.custom::<(), Value>(command, member.command).await {
-                Ok(()) => sent.push((member.reply, member.wait.is_some())),
-                // Never sent: the caller learns it did not run.
-                Err(e) => {
-                    let _ = member.reply.send((Err(e), None));
-                }
-            }
-        }
-        if sent.is_empty() {
-            return;
-        }
         let client = self.redis.with_options(&options);
-        // The pipeline goes to the router on its first poll, and `join!` polls it before the
-        // `WAIT`: both share the connection in that order, and fred never re-sends either
-        // (one attempt), so `WAIT` cannot overtake the scripts.
-        let scripts = async {
-            let replies = pipeline.try_all::<Value>().await;
-            // One error for a group of several is the pipeline's own (fred could not route
-            // it, or its connection dropped): every member's.
-            let whole = match replies.as_slice() {
-                [Err(e)] if sent.len() > 1 => Some(e.clone()),
-                _ => None,
+        let mut members = Vec::with_capacity(group.len());
+        let mut scripts = Vec::with_capacity(group.len());
+        for mut member in group {
+            let command = CustomCommand::new_static("EVALSHA", hash(member.slot), false);
+            // A pinned member keeps its arguments: if fred had no connection to the node, the
+            // script was never written, and goes again alone (see below).
+            let args = match node {
+                Some(_) => member.command.clone(),
+                None => std::mem::take(&mut member.command),
             };
-            let mut replies = replies.into_iter();
+            scripts.push(client.custom::<Value, Value>(command, args));
+            members.push(member);
+        }
+        // Each command goes to the router on its future's first poll; `in_order` polls the
+        // scripts in order and `join!` polls them before the `WAIT`: they share the connection
+        // in that order, and fred never re-sends any (one attempt), so `WAIT` cannot overtake
+        // a script.
+        let scripts = async {
+            let mut replies = in_order(scripts).await.into_iter();
             let mut acking = Vec::new();
-            for (reply, wants_ack) in sent {
-                let outcome = match &whole {
-                    Some(e) => Err(e.clone()),
-                    None => replies.next().unwrap_or_else(|| {
-                        Err(FredError::new(
-                            ErrorKind::Protocol,
-                            "no reply to the script",
-                        ))
-                    }),
-                };
-                if wants_ack {
-                    acking.push((reply, outcome));
-                } else {
-                    let _ = reply.send((outcome, None));
+            let mut unrouted = Vec::new();
+            for member in members {
+                let outcome = replies.next().unwrap_or_else(|| {
+                    Err(FredError::new(
+                        ErrorKind::Protocol,
+                        "no reply to the script",
+                    ))
+                });
+                match outcome {
+                    // Pinned to a node whose connection is gone (its slot map not yet
+                    // re-read): not written, so not a re-send.
+                    Err(e) if node.is_some() && is_unrouted(&e) => unrouted.push(member),
+                    outcome if member.wait.is_some() => acking.push((member.reply, outcome)),
+                    outcome => {
+                        let _ = member.reply.send((outcome, None));
+                    }
                 }
             }
-            acking
+            (acking, unrouted)
         };
         let waited = async {
             match wait {
                 Some(wait) => {
-                    let (command, args) = wait_command(hash.clone(), wait);
+                    let (command, args) = wait_command(wait_hash, wait);
                     Some(acked(client.custom::<Value, Value>(command, args).await))
                 }
                 None => None,
             }
         };
-        let (acking, waited) = tokio::join!(scripts, waited);
+        let ((acking, unrouted), waited) = tokio::join!(scripts, waited);
         for (reply, outcome) in acking {
             let _ = reply.send((outcome, waited.clone()));
+        }
+        if !unrouted.is_empty() {
+            self.run_alone(unrouted).await;
         }
     }
 }
 
-/// Hands a slot's later groups on when the group sent from a caller's task is done, or when
+/// Awaits `futures` together, each polled in the order given (as `join!` polls its own), and
+/// their outputs in that order.
+async fn in_order<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
+    let mut futures: Vec<Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
+    let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut done = true;
+        for (future, output) in futures.iter_mut().zip(outputs.iter_mut()) {
+            if output.is_none() {
+                match future.as_mut().poll(cx) {
+                    Poll::Ready(value) => *output = Some(value),
+                    Poll::Pending => done = false,
+                }
+            }
+        }
+        if done {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    })
+    .await;
+    outputs.into_iter().flatten().collect()
+}
+
+/// No timeout of fred's: the outcome of every script sent must be learnt (see `Conn::call`);
+/// callers bound their own waits.
+fn unbounded() -> Options {
+    Options {
+        timeout: Some(Duration::ZERO),
+        ..Options::default()
+    }
+}
+
+/// Hands a node's later groups on when the group sent from a caller's task is done, or when
 /// that caller stopped waiting for it.
 struct Handover {
     groups: Arc<Groups>,
-    slot: Option<u16>,
+    node: Option<Server>,
 }
 
 impl Drop for Handover {
     fn drop(&mut self) {
-        self.groups.hand_over(self.slot);
+        self.groups.hand_over(self.node.take());
     }
 }
