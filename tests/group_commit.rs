@@ -238,7 +238,10 @@ async fn a_group_whose_replies_are_lost_leaves_nothing_held() {
         hincrbys(support::command_calls(&raw).await) > before
     })
     .await;
-    assert!(ran, "the scripts ran on the server; only their replies were lost");
+    assert!(
+        ran,
+        "the scripts ran on the server; only their replies were lost"
+    );
     proxy.set(Mode::Cut);
     // Cut once the client's connections are gone: only `raw`'s is left.
     let cut = eventually(Duration::from_secs(10), || async {
