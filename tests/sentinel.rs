@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use fred::interfaces::ClientLike;
 use redbaton::{Client, Error};
 use support::cluster::cli;
-use support::{command_calls, eventually};
 use support::sentinel::SentinelSetup;
+use support::{command_calls, eventually};
 
 /// A watchdog lease longer than a Sentinel failover's renewal gap.
 const LONG_LEASE: Duration = Duration::from_secs(12);
@@ -212,7 +212,10 @@ async fn unreplicated_hold_is_lost_and_the_guard_says_so() {
         holder.redis().is_connected()
     })
     .await;
-    assert!(reconnected, "the holder's client is connected after the failover");
+    assert!(
+        reconnected,
+        "the holder's client is connected after the failover"
+    );
     holder.shutdown().await.unwrap();
     waiter.shutdown().await.unwrap();
 }
