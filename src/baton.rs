@@ -50,6 +50,12 @@
 //! the channel's subscribers in the background when the last is older than
 //! [`COUNT_EVERY`]; one that finds another subscriber than this client's own makes the next
 //! releases ordinary ones, as the pass script's finding does.
+//!
+//! While a hold handed on in memory is held, an acquire by another owner of this client (a
+//! task that just handed it on, queuing again) is refused without asking Redis, which would
+//! refuse it too: otherwise each hand-off would still cost that round trip. Such a waiter
+//! looks again within 100 ms at most (`HELD_HERE_RECHECK_MS`), so a hold lost
+//! unnoticed is soon asked about in Redis.
 
 use std::any::Any;
 use std::future::poll_fn;
@@ -62,6 +68,7 @@ use tokio::time::Instant;
 
 pub(crate) use crate::baton_state::Baton;
 use crate::baton_state::Entries;
+use crate::holds::Entry;
 
 /// Releases of a key made the ordinary way, without a claim, after a pass found another
 /// client waiting: that client most likely still waits (it is served by the unlock message,
@@ -93,6 +100,9 @@ pub(crate) struct Queue {
     ordinary: AtomicU32,
     /// When the channel's subscribers were last counted for the local hand-off (started).
     counted_at: Mutex<Option<Instant>>,
+    /// The hold last handed on in memory, and its generation: while it is held, an acquire of
+    /// another owner of this client is refused without asking Redis.
+    handed: Mutex<Option<(Arc<Entry>, u64)>>,
 }
 
 impl Queue {
@@ -117,6 +127,15 @@ impl Queue {
     /// Whether releases are ordinary ones for now because another client was found waiting.
     pub(crate) fn other_clients_wait(&self) -> bool {
         self.ordinary.load(Relaxed) > 0
+    }
+
+    /// Whether this client holds the key now under a field other than `field`, through a
+    /// hold handed on in memory: Redis would refuse `field`'s acquire.
+    pub(crate) fn held_against(&self, field: &str) -> bool {
+        let handed = self.handed.lock();
+        handed
+            .as_ref()
+            .is_some_and(|(entry, generation)| entry.held_against(*generation, field))
     }
 
     /// Claims the first parked waiter. It keeps its place until it leaves, so a withdrawn
@@ -171,6 +190,11 @@ impl Claim {
         }
         *counted_at = Some(now);
         Some(self.queue.clone())
+    }
+
+    /// Notes the hold (`entry`, `generation`) handed on in memory to the claimed waiter.
+    pub(crate) fn handing_on(&self, entry: &Arc<Entry>, generation: u64) {
+        *self.queue.handed.lock() = Some((entry.clone(), generation));
     }
 
     /// Hands the passed lock's guard over. Returns it if the waiter has left meanwhile: the

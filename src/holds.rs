@@ -469,6 +469,15 @@ impl Entry {
         !self.state.lock().live(generation)
     }
 
+    /// Whether the hold of `generation` is held now (live, with guards), under a field other
+    /// than `field`: an acquire of that other field would be refused by Redis.
+    pub(crate) fn held_against(&self, generation: u64, field: &str) -> bool {
+        *self.field != *field && {
+            let state = self.state.lock();
+            state.live(generation) && state.guards > 0
+        }
+    }
+
     /// Resolves once the hold of `generation` is lost.
     pub(crate) async fn lost(&self, generation: u64) {
         loop {

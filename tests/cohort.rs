@@ -158,6 +158,40 @@ async fn a_fixed_lease_shorter_than_what_is_left_is_handed_on_and_ends_with_its_
 }
 
 #[tokio::test]
+async fn while_a_handed_hold_is_held_another_owner_of_the_client_is_refused_without_asking_redis() {
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let client = client(&server, 8).await;
+    let lock = client.lock("cohort:refused");
+    let held = lock.lock().await.unwrap();
+    let next = waiter(&lock);
+    parked(&lock, 1).await;
+    // Another task waits too: the refusal is known where this client's waiters wait.
+    let last = waiter(&lock);
+    parked(&lock, 2).await;
+    held.unlock().await.unwrap();
+    let guard = joined(next).await;
+    // A refused acquire script asks HEXISTS; a refusal made in memory asks nothing.
+    let asked = calls(&raw, "hexists").await;
+    assert!(
+        lock.try_lock().await.unwrap().is_none(),
+        "held by another owner"
+    );
+    assert_eq!(
+        calls(&raw, "hexists").await,
+        asked,
+        "refused in memory: this client holds it"
+    );
+    guard.unlock().await.unwrap();
+    // Released the ordinary way at last (nobody waits): the next acquire asks Redis, and
+    // gets it.
+    joined(last).await.unlock().await.unwrap();
+    let again = lock.try_lock().await.unwrap().expect("free again");
+    again.unlock().await.unwrap();
+    client.shutdown().await.unwrap();
+}
+
+#[tokio::test]
 async fn a_hold_handed_on_after_its_key_was_deleted_is_told_lost_with_it() {
     let server = RedisServer::start();
     let raw = server.raw().await;

@@ -550,6 +550,7 @@ fn hand_on<K: Kind>(kind: &K, hold: &Hold, turn: &Turn, claim: Claim, extra: K::
             }
         });
     }
+    claim.handing_on(&registered.entry, registered.generation);
     tracing::trace!(lock = %kind.named().name(), owner = %hold.field, "handed on locally");
     let guard = Guard::new(
         kind.clone(),
