@@ -41,6 +41,10 @@ pub(crate) mod guard;
 /// How long a parked waiter pauses before retrying after a connection error or timeout.
 const RETRY_AFTER_ERROR_MS: u64 = 200;
 
+/// How long a waiter refused without a round trip (its client holds the lock through a hold
+/// handed on in memory, see [`crate::baton`]) parks at most before it looks again.
+const HELD_HERE_RECHECK_MS: u64 = 100;
+
 /// The longest a waiter parks while its channel's subscription is not confirmed (the
 /// subscriber is down or cannot subscribe): it polls instead of trusting messages.
 const UNCONFIRMED_POLL: Duration = Duration::from_secs(1);
@@ -468,9 +472,19 @@ impl<K: Kind> Attempts for LockAttempts<K> {
     }
 
     fn attempt(&mut self) -> impl Future<Output = Result<Try<Guard<K>>>> + Send {
-        let conn = &self.kind.named().client.conn;
-        let round_trip = attempt(self.kind.clone(), self.field(), self.lease, self.waits);
-        Finish::new(round_trip, conn)
+        let named = self.kind.named();
+        let field = self.field();
+        if K::PASSES && self.baton().is_some() {
+            let (channel, _) = self.kind.channel(&field);
+            if named.client.hub.held_against(&channel, &named.key, &field) {
+                // A hold of this client handed on in memory has the lock: Redis would refuse.
+                // Parked briefly, so a hold lost unnoticed is asked about in Redis soon.
+                let refused = Ok(Try::Busy(HELD_HERE_RECHECK_MS));
+                return Either::Left(std::future::ready(refused));
+            }
+        }
+        let round_trip = attempt(self.kind.clone(), field, self.lease, self.waits);
+        Either::Right(Finish::new(round_trip, &named.client.conn))
     }
 
     fn parking(&mut self) {

@@ -27,22 +27,66 @@
 //! over, or the claim withdrawn (another client was waiting, the call failed). A waiter that
 //! leaves while claimed or handed (timeout, cancellation) leaves its hold to be released at
 //! once, by the releaser or by the hold's own drop — never a hold nobody knows about.
+//!
+//! # The local hand-off (lock cohorting)
+//!
+//! Before any script, a release of a [`Lock`](crate::Lock)'s last hold hands the claimed
+//! waiter the hold itself, in memory: no round trip, nothing written. Redis keeps saying what
+//! is true — this client holds the lock, under the same owner field, count 1, with the lease
+//! the watchdog renews — and the waiter's guard carries that field, generation and validity
+//! ([`Turn::hand_on`](crate::holds::Turn::hand_on)). So the field travels with the hold: the
+//! new holder's scope is the field's owner number, its re-entry `HINCRBY`s the field Redis
+//! has, and a Redisson peer sees one valid hold throughout. The waiter's own fresh number is
+//! simply never used (numbers are never reused, so nothing else can name it), and no scope
+//! of the previous holder can re-enter: a scope lives only while its guard is borrowed, and
+//! the guard was released.
+//!
+//! It is refused — and the release takes its ordinary path (the pass script, or a release)
+//! — when the hold is lost or about to be (less than half the watchdog lease left, or less
+//! than a fixed lease the waiter asks for), or when the client is shutting down. It counts in
+//! the run of [`Config::baton_passes`](crate::Config::baton_passes), and a run of hand-offs
+//! also ends after [`LOCAL_RUN_FOR`]: then the release is an ordinary one (delete and unlock
+//! message). Other clients' waiters are learnt off the hot path: a hand-off starts a count of
+//! the channel's subscribers in the background when the last is older than
+//! [`COUNT_EVERY`]; one that finds another subscriber than this client's own makes the next
+//! releases ordinary ones, as the pass script's finding does.
+//!
+//! While a hold handed on in memory is held, an acquire by another owner of this client (a
+//! task that just handed it on, queuing again) is refused without asking Redis, which would
+//! refuse it too: otherwise each hand-off would still cost that round trip. Such a waiter
+//! looks again within 100 ms at most (`HELD_HERE_RECHECK_MS`), so a hold lost
+//! unnoticed is soon asked about in Redis.
 
 use std::any::Any;
 use std::future::poll_fn;
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::sync::Arc;
+use std::time::Duration;
 
 use parking_lot::Mutex;
+use tokio::time::Instant;
 
 pub(crate) use crate::baton_state::Baton;
 use crate::baton_state::Entries;
+use crate::holds::Entry;
 
 /// Releases of a key made the ordinary way, without a claim, after a pass found another
 /// client waiting: that client most likely still waits (it is served by the unlock message,
 /// and so is everyone here), so passing is not worth its costs meanwhile — a claimed waiter
 /// sits out the release's round trip, and the script counts the channel's subscribers.
 const ORDINARY_AFTER_ANOTHER_CLIENT: u32 = 8;
+
+/// How long a run of local hand-offs lasts at most before an ordinary release: the bound that
+/// serves another process's waiter this client cannot know of (one polling without
+/// subscribing, or subscribed through another node of a cluster) when holds are long, where
+/// [`Config::baton_passes`](crate::Config::baton_passes) alone would let a run last many
+/// holds' time.
+pub(crate) const LOCAL_RUN_FOR: Duration = Duration::from_millis(50);
+
+/// How old the count of a channel's subscribers may be before a local hand-off starts a new
+/// one: other clients' waiters are learnt within about this long, at one read per key per
+/// period however many hand-offs it makes.
+pub(crate) const COUNT_EVERY: Duration = Duration::from_millis(10);
 
 /// What a releaser hands a waiter: the passed lock's guard (a `Guard<K>` of the waiter's kind).
 type Handed = Box<dyn Any + Send>;
@@ -54,6 +98,11 @@ pub(crate) struct Queue {
     entries: Mutex<Entries<Handed>>,
     /// Releases still to make without a claim (see [`ORDINARY_AFTER_ANOTHER_CLIENT`]).
     ordinary: AtomicU32,
+    /// When the channel's subscribers were last counted for the local hand-off (started).
+    counted_at: Mutex<Option<Instant>>,
+    /// The hold last handed on in memory, and its generation: while it is held, an acquire of
+    /// another owner of this client is refused without asking Redis.
+    handed: Mutex<Option<(Arc<Entry>, u64)>>,
 }
 
 impl Queue {
@@ -67,6 +116,26 @@ impl Queue {
     /// How many of its waiters are parked (claimable) now.
     pub(crate) fn parked(&self) -> usize {
         self.entries.lock().parked()
+    }
+
+    /// Another client waits (a count of the channel's subscribers found one): the next few
+    /// releases are ordinary ones.
+    pub(crate) fn another_client_waits(&self) {
+        self.ordinary.store(ORDINARY_AFTER_ANOTHER_CLIENT, Relaxed);
+    }
+
+    /// Whether releases are ordinary ones for now because another client was found waiting.
+    pub(crate) fn other_clients_wait(&self) -> bool {
+        self.ordinary.load(Relaxed) > 0
+    }
+
+    /// Whether this client holds the key now under a field other than `field`, through a
+    /// hold handed on in memory: Redis would refuse `field`'s acquire.
+    pub(crate) fn held_against(&self, field: &str) -> bool {
+        let handed = self.handed.lock();
+        handed
+            .as_ref()
+            .is_some_and(|(entry, generation)| entry.held_against(*generation, field))
     }
 
     /// Claims the first parked waiter. It keeps its place until it leaves, so a withdrawn
@@ -107,10 +176,25 @@ impl Claim {
     /// Not passed: another client was found waiting, and the release was an ordinary one.
     /// The next few releases are ordinary too.
     pub(crate) fn another_client_waits(self) {
-        self.queue
-            .ordinary
-            .store(ORDINARY_AFTER_ANOTHER_CLIENT, Relaxed);
+        self.queue.another_client_waits();
         self.withdraw();
+    }
+
+    /// The queue, when its channel's subscribers are due to be counted (the last count
+    /// started [`COUNT_EVERY`] ago or more): the caller counts them, in the background.
+    pub(crate) fn count_due(&self) -> Option<Arc<Queue>> {
+        let now = Instant::now();
+        let mut counted_at = self.queue.counted_at.lock();
+        if counted_at.is_some_and(|at| now.saturating_duration_since(at) < COUNT_EVERY) {
+            return None;
+        }
+        *counted_at = Some(now);
+        Some(self.queue.clone())
+    }
+
+    /// Notes the hold (`entry`, `generation`) handed on in memory to the claimed waiter.
+    pub(crate) fn handing_on(&self, entry: &Arc<Entry>, generation: u64) {
+        *self.queue.handed.lock() = Some((entry.clone(), generation));
     }
 
     /// Hands the passed lock's guard over. Returns it if the waiter has left meanwhile: the

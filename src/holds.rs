@@ -187,7 +187,11 @@ struct State {
     /// How many baton passes in a row led to the current generation (0: its owner took the
     /// lock itself). Kept with the hold, not with a guard: re-entry adds guards to the same
     /// hold, and whichever of them is released last must see the run (see [`crate::baton`]).
+    /// Local hand-offs count here too: they keep the hold, and so its run.
     passes: u32,
+    /// When the current generation was first handed on in memory: the start of its run of
+    /// local hand-offs, which a time bound ends (see [`crate::baton`]).
+    local_since: Option<Instant>,
 }
 
 /// The sequential context a guard was taken in: a tokio task, or a thread outside any task
@@ -322,6 +326,7 @@ impl Holds {
                 lost: false,
                 holder: None,
                 passes: 0,
+                local_since: None,
             }),
             turn_free: Notify::new(),
             lost_notify: Notify::new(),
@@ -464,6 +469,15 @@ impl Entry {
         !self.state.lock().live(generation)
     }
 
+    /// Whether the hold of `generation` is held now (live, with guards), under a field other
+    /// than `field`: an acquire of that other field would be refused by Redis.
+    pub(crate) fn held_against(&self, generation: u64, field: &str) -> bool {
+        *self.field != *field && {
+            let state = self.state.lock();
+            state.live(generation) && state.guards > 0
+        }
+    }
+
     /// Resolves once the hold of `generation` is lost.
     pub(crate) async fn lost(&self, generation: u64) {
         loop {
@@ -538,6 +552,17 @@ pub(crate) struct Turn {
     entry: Arc<Entry>,
 }
 
+/// What [`Turn::hand_on`] came to.
+pub(crate) enum HandOn {
+    /// Handed on: the new guard's hold.
+    Handed(Registered),
+    /// The run of hand-offs lasted its time: release the ordinary way.
+    RunOver,
+    /// Not this hold (lost, re-entered, or its validity too short for the waiter): the
+    /// release takes its ordinary path.
+    NotLocal,
+}
+
 /// What an acquire's reply did to the registry.
 pub(crate) struct Registered {
     pub(crate) entry: Arc<Entry>,
@@ -566,6 +591,53 @@ impl Turn {
         self.entry.state.lock().passes
     }
 
+    /// Whether the guard of `generation` about to be released is the hold's last, and the
+    /// hold is live: its release ends the hold, unless it is handed on.
+    pub(crate) fn last_guard(&self, generation: u64) -> bool {
+        let state = self.entry.state.lock();
+        state.live(generation) && state.guards == 1
+    }
+
+    /// The local hand-off (see [`crate::baton`]): the last guard of `generation`, taken with
+    /// `lease`, becomes a guard taken with `next` by a waiter of this client — the same hold
+    /// in Redis (field, count 1, expiry, generation, validity), one more in its run. Refused
+    /// unless the hold is live and will stay valid for what the waiter needs: half the
+    /// watchdog lease (a renewal is due well before then), or a fixed lease's whole length;
+    /// and refused once the run has lasted `run_for` since its first local hand-off.
+    pub(crate) fn hand_on(
+        &self,
+        generation: u64,
+        lease: Lease,
+        next: Lease,
+        run_for: Duration,
+    ) -> HandOn {
+        let now = Instant::now();
+        let needed = match next {
+            Lease::Watchdog => self.holds.watchdog_lease / 2,
+            Lease::Fixed(_) => next.duration(self.holds.watchdog_lease),
+        };
+        let mut state = self.entry.state.lock();
+        if !state.live(generation) || state.guards != 1 {
+            return HandOn::NotLocal;
+        }
+        let since = *state.local_since.get_or_insert(now);
+        if now.saturating_duration_since(since) >= run_for {
+            return HandOn::RunOver;
+        }
+        if state.valid_until.saturating_duration_since(now) <= needed {
+            return HandOn::NotLocal;
+        }
+        state.watchdog_guards = state
+            .watchdog_guards
+            .saturating_sub(u32::from(lease == Lease::Watchdog));
+        state.watchdog_guards += u32::from(next == Lease::Watchdog);
+        state.passes += 1;
+        HandOn::Handed(Registered {
+            entry: self.entry.clone(),
+            generation,
+        })
+    }
+
     /// [`acquired`](Turn::acquired); a fresh hold was reached through `passes` passes in a
     /// row, while a re-entry keeps its hold's run.
     fn register(&self, count: i64, lease: Lease, sent_at: Instant, passes: u32) -> Registered {
@@ -591,6 +663,7 @@ impl Turn {
                 state.lost = false;
                 state.valid_until = until;
                 state.passes = passes;
+                state.local_since = None;
             }
             state.guards += 1;
             state.watchdog_guards += u32::from(lease == Lease::Watchdog);

@@ -423,6 +423,20 @@ impl Hub {
         self.batons(name, key).map_or(0, |batons| batons.parked())
     }
 
+    /// Whether this client holds `key` (its waiters on channel `name`) under a field other
+    /// than `field`, through a hold handed on in memory (see [`crate::baton`]).
+    pub(crate) fn held_against(&self, name: &str, key: &str, field: &str) -> bool {
+        self.batons(name, key)
+            .is_some_and(|batons| batons.held_against(field))
+    }
+
+    /// Whether releases of `key` are ordinary ones for now, another client having been
+    /// found waiting on channel `name` (see [`crate::baton`]).
+    pub(crate) fn other_clients_wait(&self, name: &str, key: &str) -> bool {
+        self.batons(name, key)
+            .is_some_and(|batons| batons.other_clients_wait())
+    }
+
     /// The generation counter, bumped whenever waiters must re-check: a waiter that saw
     /// this value re-checks once it changes.
     pub(crate) fn generation(&self) -> u64 {

@@ -293,6 +293,14 @@ pub trait Kind: sealed::Sealed + Clone + Send + Sync + 'static {
     }
 
     #[doc(hidden)]
+    /// How many subscribers the lock's channel has (this client's own among them), read in
+    /// the background for the local hand-off (see [`crate::baton`]). Only kinds with
+    /// [`PASSES`](Kind::PASSES) supply it.
+    fn listeners(&self) -> Option<futures::future::BoxFuture<'static, Result<i64>>> {
+        None
+    }
+
+    #[doc(hidden)]
     /// The handle one acquire call works with, given how long it waits (`None`: no deadline;
     /// `Some(ZERO)`: one attempt): its attempts, give-up and guard use it. The fair lock
     /// queues with the wait, and must give up with the same. Most kinds ignore it.

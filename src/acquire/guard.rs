@@ -7,9 +7,9 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use crate::acquire::{bounded, settle, trim_lost, undo_acquire, Finish};
-use crate::baton::Claim;
+use crate::baton::{Claim, LOCAL_RUN_FOR};
 use crate::conn::{Conn, Failed};
-use crate::holds::{Entry, HoldOps, Lease, Loss, Registered, Turn};
+use crate::holds::{Entry, HandOn, HoldOps, Lease, Loss, Registered, Turn};
 use crate::kind::Kind;
 use crate::owner::Owner;
 use crate::{Error, Result};
@@ -118,7 +118,8 @@ impl<K: Kind> Guard<K> {
     pub async fn unlock(mut self) -> Result<()> {
         self.released = true;
         let conn = self.kind.named().client.conn.clone();
-        Finish::new(release(self.kind.clone(), self.hold.clone()), &conn).await
+        let release = release(self.kind.clone(), self.hold.clone(), self.extra);
+        Finish::new(release, &conn).await
     }
 
     /// Resolves when the lease is lost. Never resolves while the lock is held.
@@ -265,7 +266,9 @@ impl<K: Kind> Guard<K> {
             || self.hold.entry.is_lost(self.hold.generation)
     }
 
-    /// The owner this hold belongs to (`<client uuid>:<number>`, the hash field in Redis).
+    /// The owner this hold belongs to (`<client uuid>:<number>`, the hash field in Redis). A
+    /// hold handed on in memory by a release of this client keeps its field, so its owner is
+    /// the one that took it from Redis (see [`Lock`](crate::Lock)).
     pub fn owner(&self) -> Owner {
         self.kind
             .owner_part(&self.hold.field)
@@ -336,9 +339,10 @@ pub(crate) async fn release_after<T>(
     outcome
 }
 
-/// Releases one hold under the owner's turn — or, for the owner's last hold, passes the lock
-/// to a parked waiter of this client when one can take it (see [`crate::baton`]).
-async fn release<K: Kind>(kind: K, hold: Hold) -> Result<()> {
+/// Releases one hold under the owner's turn — or, for the owner's last hold, hands it to a
+/// parked waiter of this client when one can take it: in memory when the hold allows, else
+/// with the pass script (see [`crate::baton`]).
+async fn release<K: Kind>(kind: K, hold: Hold, extra: K::Extra) -> Result<()> {
     let named = kind.named();
     let client = &named.client;
     let conn = &client.conn;
@@ -347,11 +351,34 @@ async fn release<K: Kind>(kind: K, hold: Hold) -> Result<()> {
     let Some(turn) = client.holds.turn(&named.key, &hold.field, &ops, far).await else {
         return Err(Error::Timeout(conn.command_timeout()));
     };
+    let mut claim = None;
+    if turn.last_guard(hold.generation) {
+        // The hand-off latency of a waiter of this client starts here.
+        client.holds.metrics().released(&named.key);
+        // The run is the hold's, whichever of its guards (re-entry adds some) goes last.
+        claim = claim_waiter(&kind, &hold, turn.passes());
+        if let Some(waiting) = claim.take() {
+            match hand_on(&kind, &hold, &turn, waiting, extra) {
+                Handing::Handed => {
+                    drop(turn);
+                    // As after a pass: let the woken holder run before whatever the releaser
+                    // does next pushes it out of this worker's next slot.
+                    tokio::task::yield_now().await;
+                    return Ok(());
+                }
+                Handing::Ordinary => {}
+                Handing::Script(waiting) => claim = Some(waiting),
+            }
+        }
+    }
     // Forgotten first, so no renewal can outlive the release. A lost hold must not run the
     // script: the same owner may have taken the lock again, and it would release that. Where
     // other holds keep the key alive past this hold's lease, what is left of the lost hold is
     // trimmed instead (the holds taken anew stay), or it would lock others out.
     let Some(guards_left) = turn.forget_guard(hold.generation, hold.lease) else {
+        if let Some(claim) = claim {
+            claim.withdraw();
+        }
         if conn.is_closed() {
             return Err(Error::ShutDown);
         }
@@ -362,13 +389,14 @@ async fn release<K: Kind>(kind: K, hold: Hold) -> Result<()> {
             name: named.name().to_owned(),
         });
     };
-    let mut passing = None;
-    if guards_left == 0 {
-        // The hand-off latency of a waiter of this client starts here.
-        client.holds.metrics().released(&named.key);
-        // The run is the hold's, whichever of its guards (re-entry adds some) goes last.
-        passing = Passing::claim(&kind, &hold, turn.passes()).await;
-    }
+    let passing = match claim {
+        Some(claim) if guards_left == 0 => Passing::claim(&kind, &hold, turn.passes(), claim).await,
+        Some(claim) => {
+            claim.withdraw();
+            None
+        }
+        None => None,
+    };
     let sent_at = Instant::now();
     let (passing, call) = match passing {
         Some((passing, call)) => (Some(passing), call),
@@ -468,22 +496,91 @@ struct Passing<K: Kind> {
     passes: u32,
 }
 
+/// Claims the first parked waiter that can take `hold`'s lock, if the kind passes and the
+/// client allows another hand-off after the `passes` in a row that led to the hold.
+fn claim_waiter<K: Kind>(kind: &K, hold: &Hold, passes: u32) -> Option<Claim> {
+    let named = kind.named();
+    let client = &named.client;
+    if !K::PASSES || passes >= client.config.baton_passes {
+        return None;
+    }
+    let (channel, _) = kind.channel(&hold.field);
+    client.hub.claim_baton(&channel, &named.key)
+}
+
+/// What [`hand_on`] did with the claim.
+enum Handing {
+    /// The waiter was handed the hold, in memory.
+    Handed,
+    /// The run of hand-offs is over: release the ordinary way.
+    Ordinary,
+    /// Not in memory: the claim is the pass script's to use.
+    Script(Claim),
+}
+
+/// The local hand-off of `hold`, the last of its hold, to the claimed waiter (see
+/// [`crate::baton`]): its guard carries the same field, generation and validity, and nothing
+/// is sent. Counts the channel's subscribers in the background when the count is due.
+fn hand_on<K: Kind>(kind: &K, hold: &Hold, turn: &Turn, claim: Claim, extra: K::Extra) -> Handing {
+    let conn = &kind.named().client.conn;
+    if conn.is_closed() {
+        // Shutting down: the hold is released, not handed to a waiter about to leave.
+        claim.withdraw();
+        return Handing::Ordinary;
+    }
+    let next = claim.baton().lease;
+    let registered = match turn.hand_on(hold.generation, hold.lease, next, LOCAL_RUN_FOR) {
+        HandOn::Handed(registered) => registered,
+        HandOn::RunOver => {
+            claim.withdraw();
+            return Handing::Ordinary;
+        }
+        HandOn::NotLocal => return Handing::Script(claim),
+    };
+    if let (Some(queue), Some(count)) = (claim.count_due(), kind.listeners()) {
+        let name = kind.named().name().to_owned();
+        conn.runtime().spawn(async move {
+            match count.await {
+                // More than this client's own subscriber: someone else may be waiting.
+                Ok(listeners) if listeners > 1 => queue.another_client_waits(),
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::debug!(lock = %name, error = %e, "could not count the channel's subscribers")
+                }
+            }
+        });
+    }
+    claim.handing_on(&registered.entry, registered.generation);
+    tracing::trace!(lock = %kind.named().name(), owner = %hold.field, "handed on locally");
+    let guard = Guard::new(
+        kind.clone(),
+        hold.field.clone(),
+        registered,
+        next,
+        Instant::now(),
+        extra,
+    );
+    // A waiter that left meanwhile drops it: released (or handed on) at once.
+    drop(claim.hand(Box::new(guard)));
+    Handing::Handed
+}
+
 impl<K: Kind> Passing<K> {
-    /// Claims the first parked waiter that can take `hold`'s lock, if the kind passes, the
-    /// client allows another pass after the `passes` in a row that led to the hold, and that
+    /// With `claim` on a parked waiter: the pass, if the client sends pass scripts and that
     /// waiter's turn is free (it is, unless an abandoned attempt of its own is still
     /// finishing), with the pass script to send. `None`: release as usual.
-    async fn claim(kind: &K, hold: &Hold, passes: u32) -> Option<(Passing<K>, crate::conn::Call)> {
+    async fn claim(
+        kind: &K,
+        hold: &Hold,
+        passes: u32,
+        claim: Claim,
+    ) -> Option<(Passing<K>, crate::conn::Call)> {
         let named = kind.named();
         let client = &named.client;
-        if !K::PASSES
-            || passes >= client.config.baton_passes
-            || client.passes_refused.load(Ordering::Relaxed)
-        {
+        if client.passes_refused.load(Ordering::Relaxed) {
+            claim.withdraw();
             return None;
         }
-        let (channel, _) = kind.channel(&hold.field);
-        let claim = client.hub.claim_baton(&channel, &named.key)?;
         let waiter = claim.baton();
         let field = kind.field(named.task_field(waiter.task));
         let ops = kind.ops();
@@ -597,10 +694,10 @@ impl<K: Kind> Drop for Guard<K> {
         let name = self.kind.named().name().to_owned();
         tracing::debug!(lock = %name, "guard dropped without unlock(); releasing in the background");
         let kind = self.kind.clone();
-        let hold = self.hold.clone();
+        let (hold, extra) = (self.hold.clone(), self.extra);
         let runtime = kind.named().client.conn.runtime().clone();
         runtime.spawn(async move {
-            match release(kind, hold).await {
+            match release(kind, hold, extra).await {
                 Ok(()) | Err(Error::NotHeld { .. }) => {}
                 Err(e) => tracing::debug!(lock = %name, error = %e, "background release"),
             }

@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fred::types::Value;
+use futures::future::BoxFuture;
 
 use crate::conn::{lua_script, Ack, Call, Conn};
 use crate::holds::{HoldOps, Renewal};
@@ -18,6 +19,7 @@ lua_script!(RELEASE, "lock/release.lua");
 lua_script!(FORCE_UNLOCK, "lock/force_unlock.lua");
 lua_script!(RENEW, "lock/renew.lua");
 lua_script!(PASS, "lock/pass.lua");
+lua_script!(LISTENERS, "lock/listeners.lua");
 
 /// Prefix of every lock channel (Redisson's `redisson_lock__channel`).
 pub(crate) const CHANNEL_PREFIX: &str = "redisson_lock__channel";
@@ -68,8 +70,11 @@ pub(crate) const UNLOCK_MESSAGE: &str = "0";
 /// client's shared subscriber, re-checks once, and parks until an unlock message wakes it —
 /// or until the lock's remaining lease (PTTL) runs out, so a lost message costs at most one
 /// lease, never a hang. Between tasks of one client the lock is handed on without a message
-/// at all: a release by the last hold passes it straight to the task that parked first, in the
-/// same script, while no other process is waiting ([`Config::baton_passes`](crate::Config::baton_passes)).
+/// at all: a release by the last hold hands the hold itself to the task that parked first, in
+/// memory (the same owner field, lease and validity: that task's guard reports the field Redis
+/// has as its [`owner`](crate::Guard::owner)), or passes it in the release's script when the
+/// hold cannot serve the waiter's lease — while no other process is known to wait, and a
+/// bounded number of times in a row ([`Config::baton_passes`](crate::Config::baton_passes)).
 ///
 /// # Cancellation safety
 ///
@@ -318,6 +323,18 @@ impl Lock {
         let named = &self.inner.named;
         named.client.hub.passable(&self.inner.channel, &named.key)
     }
+
+    /// Whether this client's releases of this lock are ordinary ones for now, because
+    /// another client was found waiting on it. For tests and diagnostics; not part of the
+    /// stable API.
+    #[doc(hidden)]
+    pub fn other_clients_wait(&self) -> bool {
+        let named = &self.inner.named;
+        named
+            .client
+            .hub
+            .other_clients_wait(&self.inner.channel, &named.key)
+    }
 }
 
 impl Sealed for Lock {}
@@ -353,11 +370,23 @@ impl Kind for Lock {
 
     const PASSES: bool = true;
 
+    fn listeners(&self) -> Option<BoxFuture<'static, Result<i64>>> {
+        let inner = self.inner.clone();
+        Some(Box::pin(async move {
+            let named = &inner.named;
+            let conn = &named.client.conn;
+            let args = vec![
+                Value::from(count_subscribers(conn)),
+                Value::from(&*inner.channel),
+            ];
+            conn.eval(&LISTENERS, &[&*named.key], args)
+                .await
+                .map_err(|e| named.error(&e))
+        }))
+    }
+
     fn pass(&self, conn: &Conn, field: &str, next: &str, lease_ms: i64) -> Option<(Call, ())> {
-        let count_subscribers = match conn.publish_command() {
-            "SPUBLISH" => "SHARDNUMSUB",
-            _ => "NUMSUB",
-        };
+        let count_subscribers = count_subscribers(conn);
         let args = vec![
             Value::from(field),
             Value::from(next),
@@ -370,6 +399,14 @@ impl Kind for Lock {
             Value::from(&*self.inner.channel),
         ];
         Some((conn.call(&PASS, &[&*self.inner.named.key], args), ()))
+    }
+}
+
+/// The command that counts a channel's subscribers where `conn` publishes.
+fn count_subscribers(conn: &Conn) -> &'static str {
+    match conn.publish_command() {
+        "SPUBLISH" => "SHARDNUMSUB",
+        _ => "NUMSUB",
     }
 }
 
@@ -410,7 +447,7 @@ impl std::fmt::Debug for Lock {
 
 /// Scripts of this kind, loaded at connect.
 pub(crate) static SCRIPTS: &[&crate::conn::LuaScript] =
-    &[&ACQUIRE, &RELEASE, &FORCE_UNLOCK, &RENEW, &PASS];
+    &[&ACQUIRE, &RELEASE, &FORCE_UNLOCK, &RENEW, &PASS, &LISTENERS];
 
 #[cfg(test)]
 mod tests {

@@ -1,0 +1,520 @@
+//! The local hand-off (lock cohorting): a release of a lock's last hold hands the hold to a
+//! parked task of the same client in memory — same field, same lease, no round trip — and
+//! never lets such a hold outlive the client's hold in Redis (invariant 16).
+
+mod support;
+
+#[path = "support/history.rs"]
+mod history;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use fred::prelude::*;
+use history::{check_history, watch_lost, Section};
+use parking_lot::Mutex;
+use redbaton::{Client, Error, Lock, LockGuard};
+use support::{command_calls, eventually, numsub, RedisServer};
+
+const BOUND: Duration = Duration::from_secs(10);
+
+async fn client(server: &RedisServer, passes: u32) -> Client {
+    Client::builder()
+        .url(server.url())
+        .baton_passes(passes)
+        .connect()
+        .await
+        .unwrap()
+}
+
+/// A client whose watchdog lease is 3 s: renewed every second, so a loss is learnt within
+/// about a second.
+async fn short_lease_client(server: &RedisServer) -> Client {
+    Client::builder()
+        .url(server.url())
+        .watchdog_lease(Duration::from_secs(3))
+        .connect()
+        .await
+        .unwrap()
+}
+
+async fn calls(raw: &fred::clients::Client, name: &str) -> u64 {
+    command_calls(raw).await.get(name).copied().unwrap_or(0)
+}
+
+async fn fields(raw: &fred::clients::Client, key: &str) -> HashMap<String, i64> {
+    raw.hgetall(key).await.unwrap()
+}
+
+/// Waits (bounded) until `n` tasks are parked on `lock` where a release can hand it on.
+async fn parked(lock: &Lock, n: usize) {
+    assert!(
+        eventually(BOUND, || async { lock.passable_waiters() == n }).await,
+        "{n} waiter(s) never parked (now {})",
+        lock.passable_waiters()
+    );
+}
+
+/// A task that waits for `lock` and returns its guard.
+fn waiter(lock: &Lock) -> tokio::task::JoinHandle<LockGuard> {
+    let lock = lock.clone();
+    tokio::spawn(async move { lock.lock().await.unwrap() })
+}
+
+async fn joined<T>(task: tokio::task::JoinHandle<T>) -> T {
+    tokio::time::timeout(BOUND, task)
+        .await
+        .expect("the waiter was served in time")
+        .unwrap()
+}
+
+/// Whether `guard` is told its hold is lost within the bound.
+async fn told_lost(guard: &LockGuard) -> bool {
+    tokio::time::timeout(BOUND, guard.lost()).await.is_ok()
+}
+
+#[tokio::test]
+async fn a_release_hands_the_hold_to_a_parked_task_in_memory_under_the_same_field() {
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let client = client(&server, 8).await;
+    let lock = client.lock("cohort:one");
+    let held = lock.lock().await.unwrap();
+    let owner = held.owner().to_string();
+    let next = waiter(&lock);
+    parked(&lock, 1).await;
+
+    let writes = || async {
+        let calls = command_calls(&raw).await;
+        let of = |name: &str| calls.get(name).copied().unwrap_or(0);
+        (of("hincrby"), of("del"), of("publish"))
+    };
+    let (before, scripts) = (writes().await, calls(&raw, "evalsha").await);
+    held.unlock().await.unwrap();
+    let guard = joined(next).await;
+    assert_eq!(
+        writes().await,
+        before,
+        "nothing written, no unlock message: the hold was handed on in memory"
+    );
+    // At most the count of the channel's subscribers, read in the background.
+    assert!(calls(&raw, "evalsha").await <= scripts + 1);
+    assert_eq!(
+        guard.owner().to_string(),
+        owner,
+        "the field travels with the hold"
+    );
+    assert_eq!(
+        fields(&raw, "cohort:one").await,
+        HashMap::from([(owner.clone(), 1)]),
+        "Redis holds exactly what the new guard believes"
+    );
+    // Re-entry in the new holder's scope counts on the field Redis has.
+    let inner = guard.run(|| lock.lock()).await.unwrap().unwrap();
+    assert_eq!(
+        fields(&raw, "cohort:one").await,
+        HashMap::from([(owner, 2)])
+    );
+    inner.unlock().await.unwrap();
+    assert!(!guard.is_lost());
+    guard.unlock().await.unwrap();
+    assert!(!lock.is_locked().await.unwrap(), "released at the end");
+    client.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_fixed_lease_shorter_than_what_is_left_is_handed_on_and_ends_with_its_guard() {
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let client = client(&server, 8).await;
+    let lock = client.lock("cohort:fixed");
+    let held = lock.lock().await.unwrap();
+    let owner = held.owner();
+    let next = {
+        let lock = lock.clone();
+        tokio::spawn(async move { lock.lock_with_lease(Duration::from_secs(2)).await.unwrap() })
+    };
+    parked(&lock, 1).await;
+    held.unlock().await.unwrap();
+    let guard = joined(next).await;
+    assert_eq!(guard.owner(), owner, "handed on in memory");
+    // Its own lease ends its hold by the local clock, within the hold Redis still has.
+    assert!(told_lost(&guard).await, "the 2 s lease ended");
+    assert!(
+        lock.remaining_ttl().await.unwrap().is_some(),
+        "Redis keeps the hold the lease was handed within"
+    );
+    drop(guard);
+    assert!(
+        eventually(BOUND, || async {
+            fields(&raw, "cohort:fixed").await.is_empty()
+        })
+        .await,
+        "the guard's drop released the hold"
+    );
+    client.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn while_a_handed_hold_is_held_another_owner_of_the_client_is_refused_without_asking_redis() {
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let client = client(&server, 8).await;
+    let lock = client.lock("cohort:refused");
+    let held = lock.lock().await.unwrap();
+    let next = waiter(&lock);
+    parked(&lock, 1).await;
+    // Another task waits too: the refusal is known where this client's waiters wait.
+    let last = waiter(&lock);
+    parked(&lock, 2).await;
+    held.unlock().await.unwrap();
+    let guard = joined(next).await;
+    // A refused acquire script asks HEXISTS; a refusal made in memory asks nothing.
+    let asked = calls(&raw, "hexists").await;
+    assert!(
+        lock.try_lock().await.unwrap().is_none(),
+        "held by another owner"
+    );
+    assert_eq!(
+        calls(&raw, "hexists").await,
+        asked,
+        "refused in memory: this client holds it"
+    );
+    guard.unlock().await.unwrap();
+    // Released the ordinary way at last (nobody waits): the next acquire asks Redis, and
+    // gets it.
+    joined(last).await.unlock().await.unwrap();
+    let again = lock.try_lock().await.unwrap().expect("free again");
+    again.unlock().await.unwrap();
+    client.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_hold_handed_on_after_its_key_was_deleted_is_told_lost_with_it() {
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let client = short_lease_client(&server).await;
+    let lock = client.lock("cohort:deleted");
+    let held = lock.lock().await.unwrap();
+    let first = waiter(&lock);
+    parked(&lock, 1).await;
+    let second = waiter(&lock);
+    parked(&lock, 2).await;
+    // The lease ends behind the client's back; it does not know yet, and hands the hold on.
+    let _: i64 = raw.del("cohort:deleted").await.unwrap();
+    held.unlock().await.unwrap();
+    let handed = joined(first).await;
+    assert!(
+        told_lost(&handed).await,
+        "the handed hold is lost with the client's hold in Redis"
+    );
+    // Lost: never handed on again; the next waiter takes the lock itself, as a new owner.
+    let e = handed.unlock().await.unwrap_err();
+    assert!(matches!(e, Error::NotHeld { .. }), "{e:?}");
+    let taken = joined(second).await;
+    let owner = taken.owner().to_string();
+    assert!(
+        !taken.is_lost(),
+        "the second waiter holds it: {:?}",
+        fields(&raw, "cohort:deleted").await
+    );
+    assert_eq!(
+        fields(&raw, "cohort:deleted").await,
+        HashMap::from([(owner, 1)]),
+        "its own hold, in Redis"
+    );
+    taken.unlock().await.unwrap();
+    client.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_hold_handed_on_and_force_unlocked_by_another_client_is_told_lost() {
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let client = short_lease_client(&server).await;
+    let other = short_lease_client(&server).await;
+    let lock = client.lock("cohort:forced");
+    let held = lock.lock().await.unwrap();
+    let first = waiter(&lock);
+    parked(&lock, 1).await;
+    held.unlock().await.unwrap();
+    let handed = joined(first).await;
+    let second = waiter(&lock);
+    parked(&lock, 1).await;
+
+    assert!(other.lock("cohort:forced").force_unlock().await.unwrap());
+    assert!(told_lost(&handed).await, "the forced hold is told lost");
+    let taken = joined(second).await;
+    assert_ne!(taken.owner(), handed.owner(), "a hold of its own");
+    assert_eq!(
+        fields(&raw, "cohort:forced").await,
+        HashMap::from([(taken.owner().to_string(), 1)])
+    );
+    let e = handed.unlock().await.unwrap_err();
+    assert!(matches!(e, Error::NotHeld { .. }), "{e:?}");
+    taken.unlock().await.unwrap();
+    client.shutdown().await.unwrap();
+    other.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_of_local_hand_offs_stay_bounded_when_tasks_reenter() {
+    const LIMIT: u32 = 4;
+    const TASKS: usize = 4;
+    let server = RedisServer::start();
+    let client = client(&server, LIMIT).await;
+    let lock = client.lock("cohort:reentered");
+    // The owner field of each hold, in the order of the holds: a run of local hand-offs keeps
+    // the field, so a run is a stretch of equal owners.
+    let owners = Arc::new(Mutex::new(Vec::new()));
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|_| {
+            let (lock, owners) = (lock.clone(), owners.clone());
+            tokio::spawn(async move {
+                for _ in 0..50 {
+                    let outer = lock.lock().await.unwrap();
+                    // The same owner again: it re-enters, and this second hold goes last.
+                    let inner = outer.run(|| lock.lock()).await.unwrap().unwrap();
+                    owners.lock().push(outer.owner().to_string());
+                    outer.unlock().await.unwrap();
+                    inner.unlock().await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        joined(task).await;
+    }
+    let owners = owners.lock().clone();
+    let longest = owners.chunk_by(|a, b| a == b).map(<[String]>::len).max();
+    let handed = owners.windows(2).filter(|w| w[0] == w[1]).count();
+    assert!(handed > 0, "some holds were handed on in memory");
+    assert!(
+        longest.unwrap() <= LIMIT as usize + 1,
+        "a hold and at most {LIMIT} hand-offs in a row: {longest:?}"
+    );
+    assert!(!lock.is_locked().await.unwrap());
+    client.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_waiter_of_another_client_learnt_in_the_background_ends_the_run() {
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let other = client(&server, 8).await;
+    let client = client(&server, 8).await;
+    let lock = client.lock("cohort:learnt");
+    let held = lock.lock().await.unwrap();
+    // Each holds it until told to release, so each release is counted on its own.
+    let hold_until = |lock: Lock| {
+        let (release, until) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let guard = lock.lock().await.unwrap();
+            let owner = guard.owner();
+            until.await.unwrap();
+            guard.unlock().await.unwrap();
+            owner
+        });
+        (release, task)
+    };
+    let (release_first, first) = hold_until(lock.clone());
+    parked(&lock, 1).await;
+    let (release_second, second) = hold_until(lock.clone());
+    parked(&lock, 2).await;
+    let (release_foreign, foreign) = hold_until(other.lock("cohort:learnt"));
+    assert!(
+        eventually(BOUND, || async { numsub(&raw, lock.channel()).await == 2 }).await,
+        "the other client's waiter subscribed"
+    );
+    assert!(!lock.other_clients_wait(), "not known yet");
+
+    let publishes = calls(&raw, "publish").await;
+    held.unlock().await.unwrap();
+    assert_eq!(
+        calls(&raw, "publish").await,
+        publishes,
+        "handed on in memory: the other client's waiter was not known yet"
+    );
+    assert!(
+        eventually(BOUND, || async { lock.other_clients_wait() }).await,
+        "the hand-off counted the channel's subscribers in the background"
+    );
+    release_first.send(()).unwrap();
+    let first = joined(first).await;
+    assert_eq!(
+        calls(&raw, "publish").await,
+        publishes + 1,
+        "the run ended: an ordinary release, though a task of this client was parked"
+    );
+    release_second.send(()).unwrap();
+    release_foreign.send(()).unwrap();
+    let (second, foreign) = (joined(second).await, joined(foreign).await);
+    assert_ne!(
+        second, first,
+        "the second waiter took the lock as its own owner"
+    );
+    assert_ne!(foreign, first);
+    client.shutdown().await.unwrap();
+    other.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_of_another_client_is_served_within_a_bound_on_a_hot_key() {
+    const TASKS: usize = 16;
+    let server = RedisServer::start();
+    let client = client(&server, 1000).await;
+    let other = client_with(&server).await;
+    let lock = client.lock("cohort:foreign");
+    let stop = Arc::new(AtomicBool::new(false));
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|_| {
+            let (lock, stop) = (lock.clone(), stop.clone());
+            tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let guard = lock.lock().await.unwrap();
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    guard.unlock().await.unwrap();
+                }
+            })
+        })
+        .collect();
+    assert!(
+        eventually(BOUND, || async { lock.passable_waiters() > 0 }).await,
+        "the tasks contend"
+    );
+    // Runs of up to 1000 hand-offs: only the count of subscribers or a run's time bound
+    // serves the other client.
+    let foreign = other.lock("cohort:foreign");
+    let started = Instant::now();
+    let served = foreign.try_lock_for(BOUND).await.unwrap();
+    let waited = started.elapsed();
+    let served = served.expect("the other client was served within the bound");
+    served.unlock().await.unwrap();
+    stop.store(true, Ordering::Relaxed);
+    for task in tasks {
+        joined(task).await;
+    }
+    println!("the other client's waiter waited {waited:?}");
+    client.shutdown().await.unwrap();
+    other.shutdown().await.unwrap();
+}
+
+async fn client_with(server: &RedisServer) -> Client {
+    client(server, 16).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hand_offs_racing_shutdown_leave_nothing_held() {
+    const ROUNDS: usize = 10;
+    const TASKS: usize = 8;
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let mut leaked = Vec::new();
+    for round in 0..ROUNDS {
+        let client = client(&server, 16).await;
+        let name = format!("cohort:shutdown:{round}");
+        let lock = client.lock(&name);
+        let tasks: Vec<_> = (0..TASKS)
+            .map(|_| {
+                let lock = lock.clone();
+                tokio::spawn(async move {
+                    // Until shutdown refuses it; a guard it gets is dropped (released).
+                    while let Ok(guard) = lock.lock().await {
+                        tokio::task::yield_now().await;
+                        drop(guard.unlock().await);
+                    }
+                })
+            })
+            .collect();
+        assert!(
+            eventually(BOUND, || async { lock.passable_waiters() > 0 }).await,
+            "the tasks contend"
+        );
+        tokio::time::sleep(Duration::from_millis((round as u64 * 7) % 20)).await;
+        client.shutdown().await.unwrap();
+        for task in tasks {
+            joined(task).await;
+        }
+        leaked.extend(support::still_held(&raw, vec![name]).await);
+    }
+    assert!(leaked.is_empty(), "left held after shutdown: {leaked:?}");
+}
+
+/// Now on the history's clock: time since the first call (monotonic).
+fn now() -> Duration {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_key_of_sixteen_tasks_excludes_by_history() {
+    const TASKS: usize = 16;
+    const ROUNDS: usize = 40;
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let client = client(&server, 16).await;
+    let other = client_with(&server).await;
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let scripts = calls(&raw, "evalsha").await;
+    // Sixteen tasks of one client, and two of another, on one name.
+    let workers = (0..TASKS)
+        .map(|_| client.clone())
+        .chain([other.clone(), other.clone()]);
+    let tasks: Vec<_> = workers
+        .map(|client| {
+            let log = log.clone();
+            tokio::spawn(async move {
+                let lock = client.lock("cohort:hot");
+                let redis = client.redis();
+                for _ in 0..ROUNDS {
+                    let guard = lock.lock().await.unwrap();
+                    let section = async {
+                        let start = now();
+                        let fence: i64 = redis.incr("fence:cohort:hot").await.unwrap();
+                        let value: Option<i64> = redis.get("counter:cohort:hot").await.unwrap();
+                        tokio::task::yield_now().await;
+                        let next = value.unwrap_or(0) + 1;
+                        let _: () = redis
+                            .set("counter:cohort:hot", next, None, None, false)
+                            .await
+                            .unwrap();
+                        (fence, start, now())
+                    };
+                    let ((fence, start, end), lost_at) =
+                        watch_lost(section, guard.lost(), now).await;
+                    log.lock().push(Section {
+                        name: 0,
+                        start,
+                        end,
+                        fence: Some(fence),
+                        lost_at,
+                    });
+                    guard.unlock().await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(60), task)
+            .await
+            .expect("every task finishes")
+            .unwrap();
+    }
+    let sections = log.lock().clone();
+    let all: Vec<&Section> = sections.iter().collect();
+    let checked = check_history("cohort:hot", &all).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(checked, (TASKS + 2) * ROUNDS, "no hold was lost");
+    let counter: i64 = raw.get("counter:cohort:hot").await.unwrap();
+    assert_eq!(counter as usize, checked, "the non-atomic counter is exact");
+    let used = calls(&raw, "evalsha").await - scripts;
+    println!("{checked} sections with {used} scripts");
+    assert!(
+        (used as usize) < 2 * checked,
+        "hand-offs in memory spared scripts: {used} for {checked} holds"
+    );
+    assert!(!client.lock("cohort:hot").is_locked().await.unwrap());
+    client.shutdown().await.unwrap();
+    other.shutdown().await.unwrap();
+}
