@@ -13,21 +13,17 @@
 //! settled ([`settle`]): the owner's count is trimmed back to what the client accounts for.
 
 use std::any::Any;
-use std::cell::Cell;
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
-use fred::error::{Error as FredError, ErrorKind};
 use fred::types::Value;
 use futures::future::Either;
 use futures::TryFutureExt;
-use tokio::time::{Instant, Sleep};
+use tokio::time::Instant;
 
 use crate::baton::{Baton, Ticket};
-use crate::conn::{Call, Conn, Failed};
+use crate::conn::{Conn, Failed};
 use crate::holds::{HoldOps, Lease, Loss, Turn, Waiting};
 use crate::hub::Wake;
 use crate::kind::{Kind, Reply};
@@ -36,7 +32,10 @@ use crate::shared::ClientInner;
 use crate::{Error, Result};
 use guard::Guard;
 
+mod call;
 pub(crate) mod guard;
+
+pub(crate) use call::{bounded, Finish, CALL_BOUND};
 
 /// How long a parked waiter pauses before retrying after a connection error or timeout.
 const RETRY_AFTER_ERROR_MS: u64 = 200;
@@ -651,82 +650,6 @@ pub(crate) async fn undo_acquire(
     }
 }
 
-/// How many command timeouts [`bounded`] awaits a counted call.
-pub(crate) const CALL_BOUND: u32 = 4;
-
-/// Awaits a counted call, for at most as long as a hold it took would matter: past that,
-/// treat the outcome as unknown (a settle queued behind it on the same connection then
-/// learns what it did).
-///
-/// The bound is measured from here, but its timer is armed only where nothing else will poll
-/// the call again: a [`Finish`] awaited inline polls it again at its own deadline, or hands
-/// it to a task that does, so an uncontended call pays for one timer, the caller's.
-pub(crate) fn bounded(call: Call, conn: &Conn) -> Bounded {
-    Bounded::new(call, conn.command_timeout() * CALL_BOUND)
-}
-
-/// The future of [`bounded`].
-pub(crate) struct Bounded {
-    call: Call,
-    deadline: Instant,
-    /// Armed on the first poll no inline [`Finish`] watches (boxed: rarely made).
-    timer: Option<Pin<Box<Sleep>>>,
-}
-
-impl Bounded {
-    fn new(call: Call, bound: Duration) -> Bounded {
-        Bounded {
-            call,
-            deadline: Instant::now() + bound,
-            timer: None,
-        }
-    }
-}
-
-impl Future for Bounded {
-    type Output = std::result::Result<Value, Failed>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        if let Poll::Ready(outcome) = self.call.as_mut().poll(cx) {
-            return Poll::Ready(outcome);
-        }
-        let deadline = self.deadline;
-        let timer = match &mut self.timer {
-            Some(timer) => timer,
-            None if WATCHED.get() => return Poll::Pending,
-            None => self
-                .timer
-                .insert(Box::pin(tokio::time::sleep_until(deadline))),
-        };
-        ready!(timer.as_mut().poll(cx));
-        Poll::Ready(Err(Failed::MaybeRan(FredError::new(
-            ErrorKind::Timeout,
-            "no reply within four command timeouts",
-        ))))
-    }
-}
-
-thread_local! {
-    /// Set while a [`Finish`] polls its round trip inline (see [`bounded`]).
-    static WATCHED: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Marks the thread as polling under a [`Finish`]'s deadline until dropped; restores the
-/// previous mark even if the poll panics, so no later call goes unbounded.
-struct Watched(bool);
-
-impl Watched {
-    fn enter() -> Watched {
-        Watched(WATCHED.replace(true))
-    }
-}
-
-impl Drop for Watched {
-    fn drop(&mut self) {
-        WATCHED.set(self.0);
-    }
-}
-
 /// How long a settle keeps trying before the lease is left to end it.
 const SETTLE_RETRY: Duration = Duration::from_millis(200);
 
@@ -805,105 +728,4 @@ fn trim(conn: Arc<Conn>, turn: Turn, why: Trim) {
         }
         drop(turn);
     });
-}
-
-/// A round trip that runs inline while its caller waits, and is finished in a spawned task
-/// when the caller is dropped or the command timeout passes — so its effects (a hold taken, a
-/// hold released) are never left half-known. An abandoned round trip's output is dropped:
-/// a guard in it releases its hold (see [`Guard`]).
-pub(crate) struct Finish<T: Send + 'static> {
-    round_trip: Option<Pin<Box<dyn Future<Output = Result<T>> + Send>>>,
-    deadline: Pin<Box<Sleep>>,
-    timeout: Duration,
-    runtime: tokio::runtime::Handle,
-}
-
-impl<T: Send + 'static> Finish<T> {
-    pub(crate) fn new(
-        round_trip: impl Future<Output = Result<T>> + Send + 'static,
-        conn: &Conn,
-    ) -> Self {
-        Finish {
-            round_trip: Some(Box::pin(round_trip)),
-            deadline: Box::pin(tokio::time::sleep(conn.command_timeout())),
-            timeout: conn.command_timeout(),
-            runtime: conn.runtime().clone(),
-        }
-    }
-
-    fn abandon(&mut self) {
-        if let Some(round_trip) = self.round_trip.take() {
-            self.runtime.spawn(async move {
-                if let Err(e) = round_trip.await {
-                    tracing::debug!(error = %e, "an abandoned round trip failed");
-                }
-            });
-        }
-    }
-}
-
-impl<T: Send + 'static> Future for Finish<T> {
-    type Output = Result<T>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let Some(round_trip) = self.round_trip.as_mut() else {
-            return Poll::Ready(Err(Error::ShutDown));
-        };
-        // Its deadline polls the round trip again or abandons it to a task whose polls are
-        // not watched: a call awaited in it needs no timer until then.
-        let watched = Watched::enter();
-        let polled = round_trip.as_mut().poll(cx);
-        drop(watched);
-        if let Poll::Ready(outcome) = polled {
-            self.round_trip = None;
-            return Poll::Ready(outcome);
-        }
-        ready!(self.deadline.as_mut().poll(cx));
-        self.abandon();
-        Poll::Ready(Err(Error::Timeout(self.timeout)))
-    }
-}
-
-impl<T: Send + 'static> Drop for Finish<T> {
-    fn drop(&mut self) {
-        self.abandon();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn never() -> Call {
-        Box::pin(std::future::pending())
-    }
-
-    fn is_unknown(outcome: &std::result::Result<Value, Failed>) -> bool {
-        matches!(outcome, Err(Failed::MaybeRan(e)) if *e.kind() == ErrorKind::Timeout)
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_call_nobody_watches_is_bounded() {
-        let start = Instant::now();
-        let outcome = Bounded::new(never(), Duration::from_secs(4)).await;
-        assert!(is_unknown(&outcome), "{outcome:?}");
-        assert_eq!(start.elapsed(), Duration::from_secs(4));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_watched_call_arms_its_bound_only_once_left_alone() {
-        let start = Instant::now();
-        let mut call = Bounded::new(never(), Duration::from_secs(4));
-        {
-            let _watched = Watched::enter();
-            assert!(futures::poll!(&mut call).is_pending());
-        }
-        assert!(call.timer.is_none(), "a watched poll armed a timer");
-        // Given up on later (as a `Finish` does at its deadline): the bound still runs from
-        // the call's start, not from the hand-over.
-        tokio::time::advance(Duration::from_secs(1)).await;
-        let outcome = call.await;
-        assert!(is_unknown(&outcome), "{outcome:?}");
-        assert_eq!(start.elapsed(), Duration::from_secs(4));
-    }
 }
