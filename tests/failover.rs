@@ -9,7 +9,9 @@
 //!   nothing behind; a hold it did acknowledge survives the failover, and nobody else gets it;
 //! - a renewal the replica did not acknowledge extends nothing: the guard is lost once the
 //!   replica's copy expired, although the primary's copy was renewed;
-//! - a baton pass the replica did not acknowledge hands the waiter nothing.
+//! - a baton pass the replica did not acknowledge hands the waiter nothing;
+//! - a hold handed on in memory (lock cohorting) is the replicated hold itself: it outlives
+//!   neither the replica's copy nor a failover.
 //!
 //! The holder connects straight to the primary (a `redis://` URL), so once the primary is
 //! killed it can neither renew nor learn anything: its guard says "held" exactly as long as
@@ -395,7 +397,9 @@ async fn a_hold_lost_to_an_unacknowledged_renewal_is_not_revived_by_reentry() {
 async fn sync_on_an_unreplicated_baton_pass_hands_nothing_over() {
     // A release passes the lock to a parked task of the same client while the replica is cut
     // off: the pass's `WAIT` is not acknowledged, so the waiter must get no guard from it — it
-    // gets the lock only once the replica acknowledges an acquire of its own.
+    // gets the lock only once the replica acknowledges an acquire of its own. The waiter asks
+    // for a fixed lease longer than what the hold has left, so the pass is the script's, not
+    // the hand-off in memory (see the next test).
     let setup = Relayed::start().await;
     let holder = client(setup.master.url(), SYNC_ONE, LONG_LEASE).await;
     let lock = holder.lock("passed");
@@ -403,7 +407,7 @@ async fn sync_on_an_unreplicated_baton_pass_hands_nothing_over() {
     let next = {
         let lock = lock.clone();
         tokio::spawn(async move {
-            let guard = lock.lock().await.unwrap();
+            let guard = lock.lock_with_lease(LONG_LEASE * 2).await.unwrap();
             (Instant::now(), guard)
         })
     };
@@ -438,5 +442,79 @@ async fn sync_on_an_unreplicated_baton_pass_hands_nothing_over() {
     );
     assert!(Relayed::exists(setup.replica.port, "passed"));
     guard.unlock().await.unwrap();
+    close(holder).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sync_on_a_hold_handed_on_in_memory_never_outlives_the_replicated_hold() {
+    // The holder's hold was acknowledged; then the replica is cut off and the hold is handed
+    // to a parked task of the same client in memory. Nothing is written, so nothing waits for
+    // an acknowledgement — but the new guard inherits the hold's validity, which no
+    // unacknowledged renewal extends: it must know itself lost once the replica's copy has
+    // expired, and after a failover to that replica another client gets the lock.
+    let mut setup = Relayed::start().await;
+    // Renewed every 2 s; a hand-off in memory needs more than half of it (3 s) left.
+    let lease = Duration::from_secs(6);
+    let holder = client(setup.master.url(), SYNC_ONE, lease).await;
+    let lock = holder.lock("cohort");
+    let held = lock.lock().await.unwrap();
+    let acquired = tokio::time::Instant::now();
+    let owner = held.owner().to_string();
+    let next = {
+        let lock = lock.clone();
+        tokio::spawn(async move { lock.lock().await.unwrap() })
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            lock.passable_waiters() == 1
+        })
+        .await,
+        "the waiter parked where a release can hand it the lock"
+    );
+    setup.relay.set(Mode::Stalled);
+    // Handed on well into the lease (with 1.5 s to spare over the half it needs), so a new
+    // guard that counted its validity from the hand-off would outlive the replica's copy by
+    // a margin this test can see.
+    tokio::time::sleep_until(acquired + Duration::from_millis(1500)).await;
+    // In memory: no script, so no `WAIT` to go unacknowledged.
+    held.unlock()
+        .await
+        .expect("handed on in memory, nothing to acknowledge");
+    let guard = tokio::time::timeout(Duration::from_secs(10), next)
+        .await
+        .expect("the waiter was handed the hold")
+        .unwrap();
+    assert_eq!(
+        guard.owner().to_string(),
+        owner,
+        "the same hold, under the field the replica has"
+    );
+    let (master, replica) = (setup.master.port, setup.replica.port);
+    let expired = eventually(Duration::from_secs(15), || async move {
+        !Relayed::exists(replica, "cohort")
+    })
+    .await;
+    assert!(expired, "the replica's copy expired");
+    assert!(
+        Relayed::exists(master, "cohort"),
+        "the primary still has its (unacknowledged) renewed copy"
+    );
+    assert!(
+        guard.is_lost(),
+        "the handed guard outlived the replica's copy of its hold"
+    );
+
+    setup.fail_over().await;
+    let second = client(
+        setup.sentinel_url(),
+        ReplicaSync::Auto,
+        Duration::from_secs(5),
+    )
+    .await;
+    let taken = second.lock("cohort").try_lock().await.unwrap();
+    assert!(taken.is_some(), "free on the promoted replica");
+    taken.unwrap().unlock().await.unwrap();
+    close(second).await;
+    drop(guard);
     close(holder).await;
 }
