@@ -75,7 +75,8 @@ const LOCK_USER_ACL: &[&str] = &[
     "+del",
     "+publish",
     "+type",
-    // The baton pass counts the channel's subscribers before it hands a lock on.
+    // The baton pass counts the channel's subscribers before it hands a lock on, and a
+    // hand-off in memory counts them in the background.
     "+pubsub|numsub",
 ];
 
@@ -152,12 +153,19 @@ async fn lock_user_workload(server: &RedisServer) -> redbaton::Result<()> {
         return Err(Error::Auth("a subscription was left behind".into()));
     }
     // A release passes the lock to a parked task of the same client: no unlock message but
-    // the last release's, once nobody waits.
+    // the last release's, once nobody waits. The waiter asks a fixed lease longer than what
+    // the hold has left, so the pass is the script's (which counts the channel's subscribers),
+    // not a hand-off in memory (which needs no command at all).
     let holder = a.lock("pass").lock().await?;
     let passed_to = a.lock("pass");
     let next = {
         let lock = passed_to.clone();
-        tokio::spawn(async move { lock.lock().await?.unlock().await })
+        tokio::spawn(async move {
+            lock.lock_with_lease(Duration::from_secs(30))
+                .await?
+                .unlock()
+                .await
+        })
     };
     if !support::eventually(Duration::from_secs(5), || async {
         passed_to.passable_waiters() == 1

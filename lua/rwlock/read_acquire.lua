@@ -9,7 +9,10 @@
 -- Reply: {1, count} when acquired (count 1: a fresh hold), {0, pttl} when refused.
 -- Taken when nobody holds the lock, when it is in read mode, or when this owner holds the write
 -- lock (a writer may also read). Every hold i gets its timeout key "<prefix>:i" with the lease,
--- as Redisson's read-unlock expects. The hash's expiry is never shortened.
+-- as Redisson's read-unlock expects. The hash's expiry is never shortened. The hash's expiry is
+-- set before the timeout key's: the clock can move between two commands of a script on a
+-- loaded server, and a timeout key ending a millisecond before the hash would make a later
+-- read-unlock see the expiry "come down" and publish for nothing.
 -- A key without "mode" is not a read/write lock: an existing one (an RLock hash) is reported as
 -- held, never written to; one without an expiry is refused as not a lock (pttl -1).
 local lease = tonumber(ARGV[1])
@@ -19,8 +22,8 @@ if mode == false then
         return {0, redis.call('pttl', KEYS[1])}
     end
     redis.call('hset', KEYS[1], 'mode', 'read', ARGV[2], 1)
-    redis.call('set', KEYS[2] .. ':1', 1, 'px', ARGV[1])
     redis.call('pexpire', KEYS[1], ARGV[1])
+    redis.call('set', KEYS[2] .. ':1', 1, 'px', ARGV[1])
     return {1, 1}
 end
 local pttl = redis.call('pttl', KEYS[1])
@@ -29,10 +32,10 @@ if pttl < 0 then
 end
 if mode == 'read' or (mode == 'write' and redis.call('hexists', KEYS[1], ARGV[3]) == 1) then
     local count = redis.call('hincrby', KEYS[1], ARGV[2], 1)
-    redis.call('set', KEYS[2] .. ':' .. count, 1, 'px', ARGV[1])
     if pttl < lease then
         redis.call('pexpire', KEYS[1], ARGV[1])
     end
+    redis.call('set', KEYS[2] .. ':' .. count, 1, 'px', ARGV[1])
     return {1, count}
 end
 return {0, pttl}
