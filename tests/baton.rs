@@ -15,6 +15,7 @@ use std::time::Duration;
 use fred::prelude::*;
 use parking_lot::Mutex;
 use redbaton::{Client, Error, Lock, LockGuard};
+use support::passing::{calls, client, fields, joined, parked};
 use support::proxy::{Mode, Proxy};
 use support::{command, command_calls, eventually, numsub, RedisServer, RENEWED_LEASE};
 
@@ -24,44 +25,10 @@ const BOUND: Duration = Duration::from_secs(10);
 /// lock by the script, never handed the releaser's hold in memory.
 const PAST_WATCHDOG: Duration = Duration::from_secs(60);
 
-async fn client(server: &RedisServer, passes: u32) -> Client {
-    Client::builder()
-        .url(server.url())
-        .baton_passes(passes)
-        .connect()
-        .await
-        .unwrap()
-}
-
-async fn calls(raw: &fred::clients::Client, name: &str) -> u64 {
-    command_calls(raw).await.get(name).copied().unwrap_or(0)
-}
-
-/// Waits (bounded) until `n` tasks are parked on `lock` where a release can pass it to them.
-async fn parked(lock: &Lock, n: usize) {
-    assert!(
-        eventually(BOUND, || async { lock.passable_waiters() == n }).await,
-        "{n} waiter(s) never parked (now {})",
-        lock.passable_waiters()
-    );
-}
-
-/// The lock's hash: owner field → count.
-async fn fields(raw: &fred::clients::Client, key: &str) -> HashMap<String, i64> {
-    raw.hgetall(key).await.unwrap()
-}
-
 /// A task that waits for `lock` and returns its guard.
 fn waiter(lock: &Lock) -> tokio::task::JoinHandle<LockGuard> {
     let lock = lock.clone();
     tokio::spawn(async move { lock.lock_with_lease(PAST_WATCHDOG).await.unwrap() })
-}
-
-async fn joined<T>(task: tokio::task::JoinHandle<T>) -> T {
-    tokio::time::timeout(BOUND, task)
-        .await
-        .expect("the waiter was served in time")
-        .unwrap()
 }
 
 #[tokio::test]

@@ -134,6 +134,21 @@ async fn close(client: Client) {
     let _ = tokio::time::timeout(Duration::from_secs(10), client.shutdown()).await;
 }
 
+/// After a failover: a second client, through the sentinel, finds `name` free on the
+/// promoted replica and takes it.
+async fn assert_free_after_failover(setup: &Relayed, name: &str) {
+    let second = client(
+        setup.sentinel_url(),
+        ReplicaSync::Auto,
+        Duration::from_secs(5),
+    )
+    .await;
+    let taken = second.lock(name).try_lock().await.unwrap();
+    assert!(taken.is_some(), "{name} is free on the promoted replica");
+    taken.unwrap().unlock().await.unwrap();
+    close(second).await;
+}
+
 /// Longer than any of these tests: a holder that cannot renew keeps a valid guard throughout.
 const LONG_LEASE: Duration = Duration::from_secs(60);
 
@@ -280,16 +295,7 @@ async fn an_unacknowledged_renewal_extends_nothing() {
         .expect("lost() fired");
 
     setup.fail_over().await;
-    let second = client(
-        setup.sentinel_url(),
-        ReplicaSync::Auto,
-        Duration::from_secs(5),
-    )
-    .await;
-    let taken = second.lock("renewed").try_lock().await.unwrap();
-    assert!(taken.is_some(), "free on the promoted replica");
-    taken.unwrap().unlock().await.unwrap();
-    close(second).await;
+    assert_free_after_failover(&setup, "renewed").await;
     drop(guard);
     close(holder).await;
 }
@@ -505,16 +511,7 @@ async fn sync_on_a_hold_handed_on_in_memory_never_outlives_the_replicated_hold()
     );
 
     setup.fail_over().await;
-    let second = client(
-        setup.sentinel_url(),
-        ReplicaSync::Auto,
-        Duration::from_secs(5),
-    )
-    .await;
-    let taken = second.lock("cohort").try_lock().await.unwrap();
-    assert!(taken.is_some(), "free on the promoted replica");
-    taken.unwrap().unlock().await.unwrap();
-    close(second).await;
+    assert_free_after_failover(&setup, "cohort").await;
     drop(guard);
     close(holder).await;
 }

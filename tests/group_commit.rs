@@ -202,6 +202,17 @@ async fn noscript_in_a_group_runs_each_script_once() {
     assert!(left.is_empty(), "left held: {left:?}");
 }
 
+/// Takes and drops one lock, and waits (bounded) until its release is through: the scripts
+/// are loaded, and nothing of the warm-up is in flight.
+async fn warm_up(client: &Client, raw: &fred::clients::Client) {
+    drop(client.lock("warm").lock().await.unwrap());
+    let released = eventually(Duration::from_secs(5), || async {
+        raw.exists::<i64, _>("warm").await.unwrap() == 0
+    })
+    .await;
+    assert!(released, "the warm-up hold was released");
+}
+
 /// Callers that stop waiting while their group is in flight cancel neither their own
 /// script (its hold, taken, is released) nor anyone else's in the group.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -252,12 +263,7 @@ async fn a_group_whose_replies_are_lost_leaves_nothing_held() {
     let client = client_with(proxy.url(), ReplicaSync::Off, Duration::from_secs(1)).await;
     let raw = server.raw().await;
     // Loaded before the replies go: a NOSCRIPT's reload would be lost too.
-    drop(client.lock("warm").lock().await.unwrap());
-    let released = eventually(Duration::from_secs(5), || async {
-        raw.exists::<i64, _>("warm").await.unwrap() == 0
-    })
-    .await;
-    assert!(released, "the warm-up hold was released");
+    warm_up(&client, &raw).await;
     // Counted inside scripts too: only an acquire that ran on the server adds to it (a
     // release increments a field only where an acquire made it).
     let hincrbys = |calls: std::collections::HashMap<String, u64>| calls.get("hincrby").copied();
@@ -346,12 +352,7 @@ async fn a_caller_leaving_while_queued_still_has_its_script_run_and_released() {
     let client = client_with(proxy.url(), ReplicaSync::Off, Duration::from_secs(10)).await;
     let raw = server.raw().await;
     // Loaded first: a NOSCRIPT's reload would not go through the group.
-    drop(client.lock("warm").lock().await.unwrap());
-    let released = eventually(Duration::from_secs(5), || async {
-        raw.exists::<i64, _>("warm").await.unwrap() == 0
-    })
-    .await;
-    assert!(released, "the warm-up hold was released");
+    warm_up(&client, &raw).await;
     // The first script's reply is held back this long: its group stays in flight.
     let delay = Duration::from_secs(3);
     proxy.set(Mode::RepliesDelayed(delay));

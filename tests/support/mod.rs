@@ -381,6 +381,7 @@ pub async fn still_held(
 pub mod child;
 pub mod cluster;
 pub mod monitor;
+pub mod passing;
 pub mod proxy;
 pub mod sentinel;
 
