@@ -17,7 +17,7 @@ use parking_lot::Mutex;
 use redbaton::{Client, Error, Lock, LockGuard};
 use support::passing::{calls, client, fields, joined, parked};
 use support::proxy::{Mode, Proxy};
-use support::{command, command_calls, eventually, numsub, RedisServer, RENEWED_LEASE};
+use support::{command, eventually, numsub, RedisServer, RENEWED_LEASE};
 
 const BOUND: Duration = Duration::from_secs(10);
 

@@ -100,7 +100,9 @@ where
     Fut: std::future::Future<Output = Option<T>> + Send,
 {
     let seen = Arc::new(parking_lot::Mutex::new(Vec::new()));
-    for round in 1..=20 {
+    // Up to 50 kills: under load the window between the dropped connection and the
+    // reconnection is met less often (the loop ends at the first sighting).
+    for round in 1..=50 {
         let stop = Arc::new(AtomicBool::new(false));
         let mut tasks = Vec::new();
         for _ in 0..64 {

@@ -514,7 +514,7 @@ async fn a_group_spanning_a_failover_ends_every_caller_and_leaves_nothing_held()
     })
     .await;
     assert!(promoted, "the replica took over the primary's slots");
-    cluster.wait_healthy(3, 0, Duration::from_secs(30));
+    cluster.wait_healthy(3, 0, Duration::from_secs(60));
     // The failover (about two node timeouts), then a command timeout of sends again.
     let bound = Duration::from_secs(60);
     let mut guards = Vec::new();

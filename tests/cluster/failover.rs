@@ -104,7 +104,7 @@ async fn contend_through_failover(mode: PubSubMode, kill: bool) -> Contention {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    cluster.wait_healthy(3, if kill { 0 } else { 1 }, Duration::from_secs(30));
+    cluster.wait_healthy(3, if kill { 0 } else { 1 }, Duration::from_secs(60));
     failed_over.store(true, Ordering::Release);
     // The redirected script is re-sent to the new primary instead of failing the call.
     let first = idle.lock(name).try_lock().await;
@@ -207,7 +207,7 @@ async fn assert_subscription_follows_failover(mode: PubSubMode, kill: bool) {
         assert!(promoted.elapsed() < Duration::from_secs(30), "not promoted");
         std::thread::sleep(Duration::from_millis(50));
     }
-    cluster.wait_healthy(3, if kill { 0 } else { 1 }, Duration::from_secs(30));
+    cluster.wait_healthy(3, if kill { 0 } else { 1 }, Duration::from_secs(60));
     // Give the clients a moment to notice the new topology, as any caller would meet it.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(!guard.is_lost(), "the hold survived the failover");

@@ -121,8 +121,9 @@ impl RedisServer {
             .stderr(Stdio::null());
         let child = cmd.spawn().expect("spawn redis-server (is it installed?)");
         self.child = Some(child);
+        // Generous: on a loaded machine a server has been seen to take over 10 s to listen.
         let start = Instant::now();
-        while start.elapsed() < Duration::from_secs(10) {
+        while start.elapsed() < Duration::from_secs(30) {
             if let Some(Ok(Some(_))) = self.child.as_mut().map(|c| c.try_wait()) {
                 self.child = None;
                 return false; // exited: port taken, try another
