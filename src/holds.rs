@@ -179,8 +179,12 @@ struct State {
     /// Of which taken with the watchdog lease.
     watchdog_guards: u32,
     valid_until: Instant,
-    /// The current generation was found lost.
-    lost: bool,
+    /// When the current generation was found lost: when it stopped being known valid (the
+    /// moment Redis's word came, or its validity's end if that was earlier).
+    lost: Option<Instant>,
+    /// The generation this one replaced, and when that one stopped being known valid: for
+    /// its guards' [`ended_at`](Entry::ended_at).
+    replaced: Option<(u64, Instant)>,
     /// Where the latest guard of the hold was taken (for the warning about a nested acquire
     /// outside a hold's scope).
     holder: Option<Holder>,
@@ -323,7 +327,8 @@ impl Holds {
                 guards: 0,
                 watchdog_guards: 0,
                 valid_until: Instant::now(),
-                lost: false,
+                lost: None,
+                replaced: None,
                 holder: None,
                 passes: 0,
                 local_since: None,
@@ -356,7 +361,7 @@ impl Holds {
                 return false;
             }
             let state = entry.state.lock();
-            state.guards > 0 && !state.lost && state.holder == Some(here)
+            state.guards > 0 && state.lost.is_none() && state.holder == Some(here)
         })
     }
 
@@ -370,7 +375,7 @@ impl Holds {
             .filter_map(|slot| {
                 let entry = slot.value();
                 let state = entry.state.lock();
-                if state.guards == 0 || state.lost || now >= state.valid_until {
+                if state.guards == 0 || state.lost.is_some() || now >= state.valid_until {
                     return None;
                 }
                 Some(Renewable {
@@ -394,7 +399,7 @@ impl Holds {
             .iter()
             .filter_map(|slot| {
                 let state = slot.value().state.lock();
-                (state.guards > 0 && !state.lost && now >= state.valid_until)
+                (state.guards > 0 && state.lost.is_none() && now >= state.valid_until)
                     .then(|| (slot.value().clone(), state.generation))
             })
             .collect();
@@ -448,12 +453,26 @@ impl State {
     }
 
     fn live(&self, generation: u64) -> bool {
-        self.generation == generation && !self.lost && Instant::now() < self.valid_until
+        self.generation == generation && self.lost.is_none() && Instant::now() < self.valid_until
     }
 
     /// Whether the hold counts in the `held_locks` gauge: guards registered, not marked lost.
     fn held(&self) -> bool {
-        self.guards > 0 && !self.lost
+        self.guards > 0 && self.lost.is_none()
+    }
+
+    /// When the hold of `generation` stopped being known valid, if it has: the moment it was
+    /// found lost, the end of its validity by the local clock, or — for a generation since
+    /// replaced — when that was noticed. A generation replaced more than once reports when its
+    /// successor ended, an upper bound (no guard outlives two fresh holds in practice: both
+    /// need the same owner field).
+    fn ended_at(&self, generation: u64) -> Option<Instant> {
+        if generation == self.generation {
+            return self
+                .lost
+                .or_else(|| (Instant::now() >= self.valid_until).then_some(self.valid_until));
+        }
+        self.replaced.map(|(_, at)| at)
     }
 }
 
@@ -476,6 +495,12 @@ impl Entry {
             let state = self.state.lock();
             state.live(generation) && state.guards > 0
         }
+    }
+
+    /// When the hold of `generation` stopped being known valid, if it has (see
+    /// [`Guard::lost_at`](crate::Guard::lost_at)).
+    pub(crate) fn ended_at(&self, generation: u64) -> Option<Instant> {
+        self.state.lock().ended_at(generation)
     }
 
     /// Resolves once the hold of `generation` is lost.
@@ -502,11 +527,11 @@ impl Entry {
     pub(crate) fn mark_lost(&self, generation: u64, loss: Loss) {
         let (was_held, counts) = {
             let mut state = self.state.lock();
-            if state.generation != generation || state.lost {
+            if state.generation != generation || state.lost.is_some() {
                 return;
             }
             let was_held = state.held();
-            state.lost = true;
+            state.lost = Some(Instant::now().min(state.valid_until));
             // A generation without guards was released already (a renewal in flight found
             // it gone), except for the one an unlock is releasing right now.
             (was_held, state.guards > 0 || loss == Loss::UnlockFoundGone)
@@ -523,7 +548,7 @@ impl Entry {
     pub(crate) fn renewed(&self, generation: u64, sent_at: Instant, lease: Duration) {
         let renewed = {
             let mut state = self.state.lock();
-            let renewed = state.generation == generation && !state.lost;
+            let renewed = state.generation == generation && state.lost.is_none();
             if renewed {
                 state.valid_until = state.valid_until.max(sent_at + lease);
             }
@@ -654,13 +679,17 @@ impl Turn {
             if count <= 1 || !live {
                 // A fresh hold: whatever was registered before is over, even if nobody had
                 // noticed yet; its guards must never release this one.
-                if state.guards > 0 && !state.lost {
+                if state.guards > 0 && state.lost.is_none() {
                     stale = Some(state.generation);
                 }
+                let ended = state
+                    .ended_at(state.generation)
+                    .unwrap_or_else(Instant::now);
+                state.replaced = Some((state.generation, ended));
                 state.generation = NEXT_GENERATION.fetch_add(1, Ordering::Relaxed);
                 state.guards = 0;
                 state.watchdog_guards = 0;
-                state.lost = false;
+                state.lost = None;
                 state.valid_until = until;
                 state.passes = passes;
                 state.local_since = None;

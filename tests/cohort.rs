@@ -13,7 +13,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use fred::prelude::*;
-use history::{check_history, watch_lost, Section};
+use history::{check_history, told_ago, watch_lost, Section};
 use parking_lot::Mutex;
 use redbaton::{Client, Error, Lock, LockGuard};
 use support::passing::{calls, client, fields, joined, parked};
@@ -455,8 +455,8 @@ async fn a_hot_key_of_sixteen_tasks_excludes_by_history() {
                             .unwrap();
                         (fence, start, now())
                     };
-                    let ((fence, start, end), lost_at) =
-                        watch_lost(section, guard.lost(), now).await;
+                    let told = told_ago(guard.lost(), || guard.lost_at());
+                    let ((fence, start, end), lost_at) = watch_lost(section, told, now).await;
                     log.lock().push(Section {
                         name: 0,
                         start,

@@ -17,7 +17,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use fred::prelude::*;
-use history::{check_history, judge_history, watch_lost, Section};
+use history::{check_history, judge_history, told_ago, watch_lost, Section};
 use parking_lot::Mutex;
 use redbaton::{Client, Error, LockGuard};
 use support::{command, RedisServer};
@@ -43,8 +43,9 @@ async fn critical_section(
     hold: Duration,
     log: &Mutex<Vec<Section>>,
 ) {
+    let told = told_ago(guard.lost(), || guard.lost_at());
     let ((fence, start, end), lost_at) =
-        watch_lost(read_sleep_write(client, name, hold), guard.lost(), now).await;
+        watch_lost(read_sleep_write(client, name, hold), told, now).await;
     log.lock().push(Section {
         name,
         start,
@@ -236,22 +237,35 @@ fn the_checker_rejects_bad_histories() {
     );
 }
 
-/// The lost-lease signal is timed when it resolves, not when the section ends; a section it
-/// never interrupts is not marked lost; a signal ready as the section ends still marks it.
+/// The lost-lease signal is timed by the instant it carries, taken when it resolves, not
+/// when the section ends; a section it never interrupts is not marked lost; a signal ready as
+/// the section ends still marks it.
 #[tokio::test]
-async fn lost_signals_are_timed_when_they_resolve() {
+async fn lost_signals_are_timed_by_the_instant_they_carry() {
     let clock = Instant::now();
     let since = || clock.elapsed();
-    let told = tokio::time::sleep(Duration::from_millis(50));
-    let ((), at) = watch_lost(tokio::time::sleep(Duration::from_secs(1)), told, since).await;
+    // Resolves after 300 ms, saying the lease ended 200 ms before it resolved.
+    let resolved = std::cell::Cell::new(None);
+    let told = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        resolved.set(Some(since()));
+        Duration::from_millis(200)
+    };
+    let ((), at) = watch_lost(tokio::time::sleep(Duration::from_secs(2)), told, since).await;
     let at = at.expect("told during the section");
+    let resolved = resolved.get().expect("the signal resolved");
+    // Both are read in the same poll: the instant carried, not the resolution time.
     assert!(
-        at >= Duration::from_millis(50) && at < Duration::from_millis(900),
+        at >= Duration::from_millis(100) && at < resolved - Duration::from_millis(150),
+        "timed by the instant carried (resolved at {resolved:?}): {at:?}"
+    );
+    assert!(
+        at < Duration::from_secs(2),
         "timed when told, not at the end: {at:?}"
     );
     let ((), at) = watch_lost(async {}, std::future::pending(), since).await;
     assert_eq!(at, None);
-    let ((), at) = watch_lost(async {}, async {}, since).await;
+    let ((), at) = watch_lost(async {}, async { Duration::ZERO }, since).await;
     assert!(at.is_some());
 }
 

@@ -16,7 +16,7 @@ use fred::types::Value;
 use parking_lot::Mutex;
 use redbaton::{Client, Error, Lock, LockGuard};
 
-use crate::history::watch_lost;
+use crate::history::{told_ago, watch_lost};
 use crate::record::{counter_key, fence_key, mono_ns, Record, WriteOutcome, CAS_SCRIPT, NAMES};
 
 /// The worker's settings, passed by the parent on the command line.
@@ -489,7 +489,13 @@ async fn task(ctx: Arc<Ctx>, client: Client, proxied: bool, task: usize, seed: u
                 run.nested(&lock, outer, op, hold, wait_ns, &mut rng).await
             }
             _ => {
-                run.section(hold, wait_ns, op.label(), outer.lost()).await;
+                run.section(
+                    hold,
+                    wait_ns,
+                    op.label(),
+                    told_ago(outer.lost(), || outer.lost_at()),
+                )
+                .await;
                 run.release(outer).await;
             }
         }
@@ -539,15 +545,21 @@ impl Run<'_> {
             }
         };
         // Valid while either guard says so: the holder may rely on either.
+        // Told once both are lost: at the later of their instants.
         let both_lost = async {
-            tokio::join!(inner.lost(), outer.lost());
+            let (inner_ago, outer_ago) = tokio::join!(
+                told_ago(inner.lost(), || inner.lost_at()),
+                told_ago(outer.lost(), || outer.lost_at())
+            );
+            inner_ago.min(outer_ago)
         };
         self.section(hold, wait_ns, op.label(), both_lost).await;
         self.release(inner).await;
         if rng.bool() {
             let hold = pick_hold(rng);
             let label = format!("{}+outer", op.label());
-            self.section(hold, 0, &label, outer.lost()).await;
+            self.section(hold, 0, &label, told_ago(outer.lost(), || outer.lost_at()))
+                .await;
         }
         self.release(outer).await;
     }
@@ -560,10 +572,12 @@ impl Run<'_> {
         hold: Duration,
         wait_ns: u64,
         op: &str,
-        lost: impl std::future::Future<Output = ()>,
+        lost: impl std::future::Future<Output = Duration>,
     ) {
-        let ((fence, write, newest, start_ns, end_ns), lost_ns) =
-            watch_lost(self.fenced_write(hold), lost, mono_ns).await;
+        let clock = || Duration::from_nanos(mono_ns());
+        let ((fence, write, newest, start_ns, end_ns), lost_at) =
+            watch_lost(self.fenced_write(hold), lost, clock).await;
+        let lost_ns = lost_at.map(|at| at.as_nanos() as u64);
         if lost_ns.is_none() {
             self.ctx.valid_sections.fetch_add(1, Ordering::Relaxed);
         }

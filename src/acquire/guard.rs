@@ -260,6 +260,33 @@ impl<K: Kind> Guard<K> {
         release_after(outcome, self.unlock(), &name).await
     }
 
+    /// When the lease was lost: `None` while it is valid; once lost, the instant it stopped
+    /// being known valid by this process — the end of its validity by the local monotonic
+    /// clock (the last acknowledged acquire or renewal's *send* time plus its lease, so never
+    /// later than the expiry Redis set), or the moment Redis's word that it was gone arrived,
+    /// whichever came first.
+    ///
+    /// [`lost()`](Guard::lost) resolves at that instant or, as any wake-up, a little after
+    /// it: this is the instant to log, or to compare with what other holders did.
+    ///
+    /// ```no_run
+    /// # async fn example(guard: redbaton::LockGuard) {
+    /// guard.lost().await;
+    /// if let Some(at) = guard.lost_at() {
+    ///     eprintln!("lease lost {:?} ago", at.elapsed());
+    /// }
+    /// # }
+    /// ```
+    pub fn lost_at(&self) -> Option<std::time::Instant> {
+        let expired = self.hold.expires.filter(|at| Instant::now() >= *at);
+        let ended = self.hold.entry.ended_at(self.hold.generation);
+        match (expired, ended) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+        .map(Instant::into_std)
+    }
+
     /// Whether the lease is lost (by Redis's word or by the local clock).
     pub fn is_lost(&self) -> bool {
         self.hold.expires.is_some_and(|at| Instant::now() >= at)

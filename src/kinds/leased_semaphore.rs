@@ -525,6 +525,12 @@ impl LeasedPermit {
         self.guard.lost().await
     }
 
+    /// When the permit was lost: `None` while it is valid (see
+    /// [`Guard::lost_at`](crate::Guard::lost_at)).
+    pub fn lost_at(&self) -> Option<std::time::Instant> {
+        self.guard.lost_at()
+    }
+
     /// Whether the permit is lost (by Redis's word or by the local clock).
     pub fn is_lost(&self) -> bool {
         self.guard.is_lost()

@@ -116,6 +116,7 @@ async fn network_stall_fires_lost_and_frees_the_lock_after_the_lease() {
     let owner = guard.owner().to_string();
     tokio::time::sleep(lease).await;
     assert!(!guard.is_lost());
+    assert_eq!(guard.lost_at(), None, "no loss instant while held");
 
     proxy.set(Mode::Stalled);
     let stalled_at = Instant::now();
@@ -157,6 +158,23 @@ async fn network_stall_fires_lost_and_frees_the_lock_after_the_lease() {
     assert!(
         holder_lost,
         "the holder was told before (or as) the other client took over"
+    );
+    // The instant the guard gives for its loss is the end of its validity: after the stall
+    // began (a renewal sent before it was still valid), no later than when lost() was seen,
+    // and before the other client could take the lock.
+    let told = guard
+        .lost_at()
+        .expect("a lost guard gives its loss instant");
+    assert!(
+        told > stalled_at.into_std() && told <= lost_at.into_std(),
+        "loss instant {:?} after the stall began, lost() seen {:?} after it",
+        told.duration_since(stalled_at.into_std()),
+        lost_at.duration_since(stalled_at)
+    );
+    assert!(
+        told < acquired_at.into_std(),
+        "the loss instant comes before the other client acquired ({:?} before)",
+        acquired_at.into_std().saturating_duration_since(told)
     );
     assert!(!hexists(&raw, name, &owner).await);
 

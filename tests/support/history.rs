@@ -147,29 +147,45 @@ pub fn check_history(name: &str, sections: &[&Section]) -> Result<usize, String>
 }
 
 /// Runs a critical section while listening for its holder's lost-lease signal, and returns
-/// the section's output with when (`clock()`) the signal came, if it came by the end.
+/// the section's output with when, on `clock`'s scale, the holder stopped being known valid —
+/// if the signal came by the end.
 ///
-/// The signal is polled before the section at every wake-up, so it is timed when it
-/// resolves, not when the section happens to end; once more after the section, so a signal
-/// that raced the section's last step still marks the section lost (timed at its end: the
-/// holder believed it held throughout).
-pub async fn watch_lost<T, C>(
+/// `lost` resolves with how long ago the lease stopped being known valid (see [`told_ago`]):
+/// the library's own instant, so the time this task takes to be scheduled after the signal
+/// is not counted against the library — a holder that asked `is_lost()` at any moment after
+/// that instant was told. The signal is polled before the section at every wake-up, so it is
+/// taken when it resolves, not when the section happens to end; once more after the section,
+/// so a signal that raced the section's last step still marks the section lost.
+pub async fn watch_lost<T>(
     section: impl Future<Output = T>,
-    lost: impl Future<Output = ()>,
-    clock: impl Fn() -> C,
-) -> (T, Option<C>) {
+    lost: impl Future<Output = Duration>,
+    clock: impl Fn() -> Duration,
+) -> (T, Option<Duration>) {
     let mut section = std::pin::pin!(section);
     let mut lost = std::pin::pin!(lost.fuse());
     let mut lost_at = None;
     let output = loop {
         tokio::select! {
             biased;
-            () = &mut lost, if lost_at.is_none() => lost_at = Some(clock()),
+            ago = &mut lost, if lost_at.is_none() => lost_at = Some(clock().saturating_sub(ago)),
             output = &mut section => break output,
         }
     };
-    if lost_at.is_none() && lost.now_or_never().is_some() {
-        lost_at = Some(clock());
+    if lost_at.is_none() {
+        if let Some(ago) = lost.now_or_never() {
+            lost_at = Some(clock().saturating_sub(ago));
+        }
     }
     (output, lost_at)
+}
+
+/// A holder's lost-lease signal for [`watch_lost`]: resolves when `lost` does, with how long
+/// ago the lease stopped being known valid by `lost_at` (a guard's `lost_at()`; zero if it
+/// gives no instant).
+pub async fn told_ago(
+    lost: impl Future<Output = ()>,
+    lost_at: impl FnOnce() -> Option<std::time::Instant>,
+) -> Duration {
+    lost.await;
+    lost_at().map_or(Duration::ZERO, |at| at.elapsed())
 }
