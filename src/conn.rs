@@ -668,7 +668,9 @@ impl Run<'_> {
                 reloaded = true;
                 tracing::debug!("script cache lost; loading the script again");
                 crate::metrics::script_reloaded();
-                script.load(self.redis).await?;
+                // Boxed, as the redirection's look-up below: rare paths whose fred futures
+                // would otherwise size every call's future (see `send`).
+                Box::pin(script.load(self.redis)).await?;
                 continue;
             }
             let redirected = is_redirect(&err);
@@ -682,7 +684,7 @@ impl Run<'_> {
                 // MOVED): the slot's owner says whether the slot is migrating, and where.
                 let was_asking = asking.is_some();
                 asking = match self.slot {
-                    Some(slot) => importing_node(self.redis, slot).await,
+                    Some(slot) => Box::pin(importing_node(self.redis, slot)).await,
                     None => None,
                 };
                 tracing::debug!(
@@ -747,7 +749,25 @@ fn migrating_to(nodes: &str, slot: u16) -> Option<&str> {
 /// back on the same connection: the script's reply, and the number of replicas `WAIT`
 /// reported. With `asking`, all go to that node after `ASKING`, in one pipeline so that no
 /// other command can come between `ASKING` and the script.
-pub(crate) async fn send(
+///
+/// Boxed: a fred command future is several KiB, and inline it would make every future that
+/// may send alone (`Conn::call`'s, boxed per call) that large even when its script travels in
+/// a group's task instead; under many concurrent calls that heap churn, freed and trimmed by
+/// malloc and faulted in again, cost more CPU than the rest of the library.
+pub(crate) fn send<'a>(
+    redis: &'a fred::clients::Client,
+    options: &'a Options,
+    name: &'static str,
+    slot: Option<u16>,
+    command: Vec<Value>,
+    wait: Option<Wait>,
+    asking: Option<&'a Server>,
+) -> Pin<Box<dyn Future<Output = group::Outcome> + Send + 'a>> {
+    Box::pin(send_now(redis, options, name, slot, command, wait, asking))
+}
+
+/// [`send`]'s work.
+async fn send_now(
     redis: &fred::clients::Client,
     options: &Options,
     name: &'static str,
@@ -755,7 +775,7 @@ pub(crate) async fn send(
     command: Vec<Value>,
     wait: Option<Wait>,
     asking: Option<&Server>,
-) -> (Result<Value, FredError>, Option<Result<u32, FredError>>) {
+) -> group::Outcome {
     // Any node when not clustered.
     let hash = slot.map_or(ClusterHash::Random, ClusterHash::Custom);
     let first = CustomCommand::new_static(name, hash.clone(), false);
@@ -807,11 +827,15 @@ pub(crate) async fn send(
     // Both go to the router in this order (each future enqueues its command on its first
     // poll, and `join!` polls in order), so they share the node's connection back to back;
     // fred never re-sends either (one attempt), so `WAIT` cannot overtake the script.
+    // Boxed: two fred command futures inline would double every send's box, WAIT or not.
     let client = redis.with_options(options);
-    let (reply, waited) = tokio::join!(
-        client.custom::<Value, Value>(first, command),
-        client.custom::<Value, Value>(wait_command, wait_args),
-    );
+    let (reply, waited) = Box::pin(async {
+        tokio::join!(
+            client.custom::<Value, Value>(first, command),
+            client.custom::<Value, Value>(wait_command, wait_args),
+        )
+    })
+    .await;
     (reply, Some(acked(waited)))
 }
 
@@ -857,5 +881,36 @@ fn classify(err: FredError) -> Failed {
         Failed::MaybeRan(err)
     } else {
         Failed::NotRun(err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kinds::fair::ACQUIRE;
+
+    /// Every counted call boxes its future, one per script sent, and under many concurrent
+    /// calls their size is heap churn that malloc trims and faults in again: that future
+    /// must not carry a fred command future inline (the send boxes its own, only while it
+    /// sends), nor the `WAIT` pair's.
+    #[tokio::test]
+    async fn a_counted_call_carries_no_fred_command_inline() {
+        let redis = fred::clients::Client::new(Default::default(), None, None, None);
+        let conn = Conn::start(
+            redis.clone(),
+            Duration::from_secs(1),
+            "PUBLISH",
+            ReplicaSync::Off,
+        )
+        .await;
+        let call = conn.call(&ACQUIRE, &["k"], vec![Value::from(1)]);
+        let command = CustomCommand::new_static("EVALSHA", ClusterHash::Random, false);
+        let one = redis.custom::<Value, Value>(command, vec![]);
+        assert!(
+            std::mem::size_of_val(&*call) < std::mem::size_of_val(&one),
+            "a counted call's future is {} bytes, one fred command's {}",
+            std::mem::size_of_val(&*call),
+            std::mem::size_of_val(&one)
+        );
     }
 }

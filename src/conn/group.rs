@@ -277,7 +277,10 @@ impl Groups {
                 Some(_) => member.command.clone(),
                 None => std::mem::take(&mut member.command),
             };
-            scripts.push(client.custom::<Value, Value>(command, args));
+            // Boxed one by one as they are made: a fred command future is several KiB, and a
+            // `Vec` of them inline (then moved into boxes by `in_order`) put a group's worth of
+            // fresh heap (hundreds of KiB under load) through malloc's trimming on every group.
+            scripts.push(Box::pin(client.custom::<Value, Value>(command, args)));
             members.push(member);
         }
         // Each command goes to the router on its future's first poll; `in_order` polls the
@@ -328,8 +331,7 @@ impl Groups {
 
 /// Awaits `futures` together, each polled in the order given (as `join!` polls its own), and
 /// their outputs in that order.
-async fn in_order<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
-    let mut futures: Vec<Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
+async fn in_order<F: Future>(mut futures: Vec<Pin<Box<F>>>) -> Vec<F::Output> {
     let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
     std::future::poll_fn(|cx| {
         let mut done = true;
