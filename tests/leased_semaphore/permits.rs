@@ -55,6 +55,44 @@ async fn on_a_cluster_permits_are_renewed_and_stay_within_n() {
     at_most_n_holders(&url, "{tag}:contended").await;
 }
 
+/// Takes a permit in one of four styles: a bounded wait retried, a fixed lease, two permits
+/// at once, the plain acquire.
+async fn acquire_in_style(sem: &LeasedSemaphore, style: usize) -> redbaton::LeasedPermit {
+    match style {
+        0 => loop {
+            let wait = Duration::from_millis(fastrand::u64(1..50));
+            if let Some(p) = sem.try_acquire_for(wait).await.unwrap() {
+                break p;
+            }
+        },
+        1 => sem
+            .acquire_with_lease(Duration::from_secs(60))
+            .await
+            .unwrap(),
+        2 => sem.acquire_many(2).await.unwrap(),
+        _ => sem.acquire().await.unwrap(),
+    }
+}
+
+/// Holds `permit` a few milliseconds, counted in `in_use` (never above `PERMITS`) and logged
+/// in `history` as (from, to, permits).
+async fn hold_counted(
+    permit: &redbaton::LeasedPermit,
+    history: &Mutex<Vec<(Instant, Instant, i64)>>,
+    in_use: &AtomicI64,
+) {
+    let permits = i64::from(permit.permits());
+    let from = Instant::now();
+    let now = in_use.fetch_add(permits, Ordering::SeqCst) + permits;
+    assert!(now <= PERMITS, "{now} permits in use");
+    tokio::time::sleep(Duration::from_millis(fastrand::u64(0..4))).await;
+    in_use.fetch_sub(permits, Ordering::SeqCst);
+    history
+        .lock()
+        .unwrap()
+        .push((from, Instant::now(), permits));
+}
+
 /// Twelve tasks on three clients take and release permits of `name` (N = 3) 20 times each,
 /// in every acquire style; a history check proves no instant had more than N holders.
 async fn at_most_n_holders(url: &str, name: &str) {
@@ -76,26 +114,8 @@ async fn at_most_n_holders(url: &str, name: &str) {
             let (history, in_use) = (history.clone(), in_use.clone());
             tasks.push(tokio::spawn(async move {
                 for round in 0..20 {
-                    let permit = match (t + round) % 3 {
-                        0 => loop {
-                            let wait = Duration::from_millis(fastrand::u64(1..50));
-                            if let Some(p) = sem.try_acquire_for(wait).await.unwrap() {
-                                break p;
-                            }
-                        },
-                        1 => sem
-                            .acquire_with_lease(Duration::from_secs(60))
-                            .await
-                            .unwrap(),
-                        _ => sem.acquire().await.unwrap(),
-                    };
-                    let from = Instant::now();
-                    let now = in_use.fetch_add(1, Ordering::SeqCst) + 1;
-                    assert!(now <= PERMITS, "{now} permits in use");
-                    tokio::time::sleep(Duration::from_millis(fastrand::u64(0..4))).await;
-                    in_use.fetch_sub(1, Ordering::SeqCst);
-                    let to = Instant::now();
-                    history.lock().unwrap().push((from, to, 1));
+                    let permit = acquire_in_style(&sem, (t + round) % 3).await;
+                    hold_counted(&permit, &history, &in_use).await;
                     permit.release().await.unwrap();
                 }
             }));
@@ -139,28 +159,8 @@ async fn contenders_joined_in_one_task_stay_within_n() {
         let (history, in_use) = (&history, &in_use);
         async move {
             for round in 0..15 {
-                let permit = match (c + round) % 4 {
-                    0 => loop {
-                        let wait = Duration::from_millis(fastrand::u64(1..50));
-                        if let Some(p) = sem.try_acquire_for(wait).await.unwrap() {
-                            break p;
-                        }
-                    },
-                    1 => sem
-                        .acquire_with_lease(Duration::from_secs(60))
-                        .await
-                        .unwrap(),
-                    2 => sem.acquire_many(2).await.unwrap(),
-                    _ => sem.acquire().await.unwrap(),
-                };
-                let permits = i64::from(permit.permits());
-                let from = Instant::now();
-                let now = in_use.fetch_add(permits, Ordering::SeqCst) + permits;
-                assert!(now <= PERMITS, "{now} permits in use");
-                tokio::time::sleep(Duration::from_millis(fastrand::u64(0..4))).await;
-                in_use.fetch_sub(permits, Ordering::SeqCst);
-                let to = Instant::now();
-                history.lock().unwrap().push((from, to, permits));
+                let permit = acquire_in_style(&sem, (c + round) % 4).await;
+                hold_counted(&permit, history, in_use).await;
                 permit.release().await.unwrap();
             }
         }
