@@ -282,18 +282,32 @@ async fn semaphores_work_on_a_cluster() {
     let cluster = support::cluster::RedisCluster::start(3, 0);
     let a = client(&cluster.url()).await;
     let b = client(&cluster.url()).await;
+    let mut nodes = Vec::new();
+    for node in &cluster.nodes {
+        nodes.push(node.raw().await);
+    }
+    // The node serving `name`'s slot, where its scripts run.
+    let serving = |name: &str| {
+        let port = cluster.primary_for_slot(fred::util::redis_keyslot(name.as_bytes()));
+        let at = cluster.nodes.iter().position(|n| n.port == port).unwrap();
+        nodes[at].clone()
+    };
     for name in ["pool-a", "pool-b", "{tag}:pool"] {
+        let scripts_on = serving(name);
         let sem = a.semaphore(name);
         assert!(sem.try_set_permits(1).await.unwrap());
         assert!(kept(sem.try_acquire(1).await.unwrap()));
         let waiter = b.semaphore(name).with_recheck_interval(NO_RECHECK).unwrap();
+        let before = support::script_calls(&scripts_on).await;
         let task =
             tokio::spawn(async move { waiter.acquire(1).await.map(SemaphorePermit::forget) });
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // Parked (subscribed, and its attempt after subscribing found nothing) before the
+        // release: only the message can wake it.
+        support::parked_fresh_across(&nodes, &scripts_on, sem.channel(), before).await;
         sem.release(1).await.unwrap();
         tokio::time::timeout(Duration::from_secs(20), task)
             .await
-            .expect("woken by the (sharded) release message")
+            .expect("woken by the release message")
             .unwrap()
             .unwrap();
         assert_eq!(sem.available_permits().await.unwrap(), 0);
@@ -307,12 +321,13 @@ async fn semaphores_work_on_a_cluster() {
             .leased_semaphore(name)
             .with_recheck_interval(NO_RECHECK)
             .unwrap();
+        let before = support::script_calls(&scripts_on).await;
         let task = tokio::spawn(async move { waiter.acquire().await });
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        support::parked_fresh_across(&nodes, &scripts_on, leased.channel(), before).await;
         held.release().await.unwrap();
         let permit = tokio::time::timeout(Duration::from_secs(20), task)
             .await
-            .expect("woken by the (sharded) release message")
+            .expect("woken by the release message")
             .unwrap()
             .unwrap();
         assert!(!permit.is_lost());

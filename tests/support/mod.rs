@@ -285,15 +285,34 @@ pub async fn numsub(raw: &fred::clients::Client, channel: &str) -> i64 {
 /// released earlier, its own re-check would take the permit and the test would prove nothing.
 /// A renewal of another hold may count as one of the two: it only makes that run weaker.
 pub async fn parked_fresh(raw: &fred::clients::Client, channel: &str, scripts_before: u64) {
+    parked_fresh_across(std::slice::from_ref(raw), raw, channel, scripts_before).await
+}
+
+/// [`parked_fresh`] on a cluster: the waiter's subscription may be on any of `nodes` (classic
+/// pub/sub subscribes on one node of the client's choice; their counts are summed), its
+/// scripts run on `scripts_on`, the node serving its key.
+pub async fn parked_fresh_across(
+    nodes: &[fred::clients::Client],
+    scripts_on: &fred::clients::Client,
+    channel: &str,
+    scripts_before: u64,
+) {
+    let subscribers = || async {
+        let mut sum = 0;
+        for node in nodes {
+            sum += numsub(node, channel).await.max(0);
+        }
+        sum
+    };
     let parked = eventually(Duration::from_secs(20), || async {
-        numsub(raw, channel).await >= 1 && script_calls(raw).await >= scripts_before + 2
+        subscribers().await >= 1 && script_calls(scripts_on).await >= scripts_before + 2
     })
     .await;
     assert!(
         parked,
         "the waiter never parked on {channel}: {} subscribers, {} scripts since it started",
-        numsub(raw, channel).await,
-        script_calls(raw).await - scripts_before
+        subscribers().await,
+        script_calls(scripts_on).await - scripts_before
     );
 }
 
