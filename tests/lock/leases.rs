@@ -143,6 +143,7 @@ async fn lost_fires_after_force_unlock_by_another_client() {
     let b = client(&server).await;
     let guard = a.lock("forced").lock().await.unwrap();
     assert!(!guard.is_lost());
+    let forced_at = std::time::Instant::now();
     assert!(b.lock("forced").force_unlock().await.unwrap());
     assert!(
         !b.lock("forced").force_unlock().await.unwrap(),
@@ -154,6 +155,15 @@ async fn lost_fires_after_force_unlock_by_another_client() {
         .await
         .expect("lost() resolves after force_unlock");
     assert!(guard.is_lost());
+    // Lost when the renewal's word came, well before its validity would have ended.
+    let told = guard
+        .lost_at()
+        .expect("a lost guard gives its loss instant");
+    assert!(
+        told > forced_at && told <= std::time::Instant::now(),
+        "told {:?} after the force-unlock",
+        told.saturating_duration_since(forced_at)
+    );
     // A lost guard sends nothing: a new hold of the same owner survives its unlock.
     let again = a
         .lock("forced")
@@ -161,6 +171,12 @@ async fn lost_fires_after_force_unlock_by_another_client() {
         .lock()
         .await
         .unwrap();
+    assert_eq!(
+        guard.lost_at(),
+        Some(told),
+        "a fresh hold of the same owner does not move the old guard's loss instant"
+    );
+    assert_eq!(again.lost_at(), None);
     assert!(matches!(guard.unlock().await, Err(Error::NotHeld { .. })));
     assert_eq!(
         a.lock("forced")
