@@ -22,7 +22,7 @@
 //! may have been lost: the hub then bumps its *generation* and every waiter re-checks.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -217,10 +217,6 @@ pub(crate) struct Hub {
     generation: AtomicU64,
     rechecks: Notify,
     closed: AtomicBool,
-    /// Waiters registered ([`Subscription`]s alive), counted before they enter `channels`
-    /// and after they leave it: a release of a lock nobody here waits for (the common case)
-    /// learns that from this one load instead of two lookups under locks.
-    registered: AtomicUsize,
 }
 
 /// A waiter's registration on a channel; dropping it releases the shared subscription, and
@@ -307,8 +303,6 @@ impl Drop for Subscription {
             false
         });
         drop(removed);
-        // After the removal: the count never reads lower than the registrations the map has.
-        self.hub.registered.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -333,7 +327,6 @@ impl Hub {
             generation: AtomicU64::new(0),
             rechecks: Notify::new(),
             closed: AtomicBool::new(false),
-            registered: AtomicUsize::new(0),
         });
         if mode == PubSubMode::Sharded && hub.subscriber.is_clustered() {
             tokio::spawn(follow_shards(Arc::downgrade(&hub)));
@@ -350,7 +343,6 @@ impl Hub {
         key: &Arc<str>,
         wake: Wake,
     ) -> Subscription {
-        self.registered.fetch_add(1, Ordering::SeqCst);
         let channel = {
             let mut slot = self.channels.entry(name.clone()).or_insert_with(|| {
                 let channel = Arc::new(Channel {
@@ -414,11 +406,6 @@ impl Hub {
 
     /// The baton queue of `key`'s waiters on channel `name`, if any wait here.
     fn batons(&self, name: &str, key: &str) -> Option<Arc<Queue>> {
-        // A waiter registering now is not parked yet: a release that misses it publishes,
-        // as it would had it looked a moment earlier.
-        if self.registered.load(Ordering::SeqCst) == 0 {
-            return None;
-        }
         let channel = self.channels.get(name)?.channel.clone();
         let groups = channel.groups.lock();
         let group = groups.iter().find(|g| *g.key == *key)?;
