@@ -727,3 +727,43 @@ async fn a_flushed_composite_is_loaded_again() {
     let left = support::still_held(&raw, names).await;
     assert!(left.is_empty(), "left held: {left:?}");
 }
+
+/// A member whose script replies nil (a semaphore release that would pass the largest count a
+/// Redisson peer reads) in a composite call: that caller gets its refusal, as for a script
+/// sent alone; the others' releases count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nil_reply_in_a_composite_call_stays_nil() {
+    let server = RedisServer::start();
+    let client = client(server.url(), ReplicaSync::Off).await;
+    let raw = server.raw().await;
+    warm_up(&client, &raw).await;
+    let names: Vec<String> = (0..100).map(|i| format!("sem-{i}")).collect();
+    let full = |i: usize| i % 2 == 0;
+    for (i, name) in names.iter().enumerate() {
+        let count = if full(i) { i64::from(i32::MAX) } else { 0 };
+        let _: () = raw.set(name, count, None, None, false).await.unwrap();
+    }
+    let before = support::script_calls(&raw).await;
+    let releases = names.iter().map(|name| {
+        let semaphore = client.semaphore(name);
+        tokio::spawn(async move { semaphore.release(1).await })
+    });
+    let outcomes = futures::future::join_all(releases).await;
+    let calls = support::script_calls(&raw).await - before;
+    assert!(
+        calls < names.len() as u64,
+        "{calls} script calls for {} grouped releases",
+        names.len()
+    );
+    for (i, (name, outcome)) in names.iter().zip(outcomes).enumerate() {
+        let count: i64 = raw.get(name).await.unwrap();
+        match outcome.unwrap() {
+            Err(Error::InvalidArgument(message)) if full(i) => {
+                assert!(message.contains("out of the range"), "{name}: {message}");
+                assert_eq!(count, i64::from(i32::MAX), "{name} is left as it was");
+            }
+            Ok(()) if !full(i) => assert_eq!(count, 1, "{name} counts the release"),
+            other => panic!("{name}: unexpected {other:?}"),
+        }
+    }
+}
