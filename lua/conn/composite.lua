@@ -1,7 +1,7 @@
 -- Runs several of the crate's scripts in one call: a group's members of one slot (see
--- src/conn/composite.rs, which puts `local scripts = {...}` above this text: each of the
--- crate's scripts as `function(KEYS, ARGV) <its text> end`, keyed by its SHA1; the parameters
--- shadow the globals the text reads, so each runs as if called alone).
+-- src/conn/composite.rs, which puts `local function script_of(sha)` above this text: it
+-- returns the crate's script of that SHA1 as `function(KEYS, ARGV) <its text> end`; the
+-- parameters shadow the globals the text reads, so each runs as if called alone).
 -- KEYS     every member's keys, member after member
 -- ARGV     per member, in the same order: its script's SHA1, its number of keys, its number of
 --          arguments, then its arguments
@@ -11,6 +11,12 @@
 --        {2, error} its script failed, or replied an error: the error reply's text.
 -- Each member runs under `pcall`: one member's error leaves the others' runs as they are, as
 -- separate calls would (a script's writes before its error stay, as for a single call).
+-- Each script's function made once per call, when a member first needs it.
+local scripts = setmetatable({}, {__index = function(made, sha)
+    local script = script_of(sha)
+    made[sha] = script
+    return script
+end})
 local replies = {}
 local key, arg = 0, 1
 while arg <= #ARGV do
