@@ -182,9 +182,9 @@ struct State {
     /// When the current generation was found lost: when it stopped being known valid (the
     /// moment Redis's word came, or its validity's end if that was earlier).
     lost: Option<Instant>,
-    /// The generation this one replaced, and when that one stopped being known valid: for
-    /// its guards' [`ended_at`](Entry::ended_at).
-    replaced: Option<(u64, Instant)>,
+    /// When the generation this one replaced stopped being known valid, if guards of it were
+    /// left: for their [`ended_at`](Entry::ended_at).
+    replaced: Option<Instant>,
     /// Where the latest guard of the hold was taken (for the warning about a nested acquire
     /// outside a hold's scope).
     holder: Option<Holder>,
@@ -472,7 +472,7 @@ impl State {
                 .lost
                 .or_else(|| (Instant::now() >= self.valid_until).then_some(self.valid_until));
         }
-        self.replaced.map(|(_, at)| at)
+        self.replaced
     }
 }
 
@@ -682,10 +682,13 @@ impl Turn {
                 if state.guards > 0 && state.lost.is_none() {
                     stale = Some(state.generation);
                 }
-                let ended = state
-                    .ended_at(state.generation)
-                    .unwrap_or_else(Instant::now);
-                state.replaced = Some((state.generation, ended));
+                // Only guards ask, so a hold with none left costs no clock read here.
+                if state.guards > 0 {
+                    let ended = state
+                        .ended_at(state.generation)
+                        .unwrap_or_else(Instant::now);
+                    state.replaced = Some(ended);
+                }
                 state.generation = NEXT_GENERATION.fetch_add(1, Ordering::Relaxed);
                 state.guards = 0;
                 state.watchdog_guards = 0;
