@@ -219,3 +219,23 @@ async fn unplaceable_names_are_refused_on_a_cluster() {
     }
     lone.shutdown().await.unwrap();
 }
+
+/// The harness itself: a node whose first port was taken by the time it bound starts on the
+/// next one. (A failed attempt once removed the directory every later attempt logged into, so
+/// after one taken port all twenty attempts failed: CI saw "could not start redis-server".)
+#[test]
+fn a_node_whose_first_port_is_taken_starts_on_the_next() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken_port = taken.local_addr().unwrap().port();
+    let mut offered = vec![taken_port];
+    let server = support::RedisServer::start_on(support::cluster::NODE_ARGS, || {
+        offered.pop().unwrap_or_else(|| loop {
+            let port = support::free_port();
+            if port <= 55535 && std::net::TcpListener::bind(("127.0.0.1", port + 10000)).is_ok() {
+                return port;
+            }
+        })
+    });
+    assert_ne!(server.port, taken_port);
+    assert!(cli(server.port, &["info", "cluster"]).contains("cluster_enabled:1"));
+}

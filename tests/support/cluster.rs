@@ -16,6 +16,19 @@ pub fn cli(port: u16, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// A cluster node's options.
+pub const NODE_ARGS: &[&str] = &[
+    "--cluster-enabled",
+    "yes",
+    "--cluster-config-file",
+    "nodes.conf",
+    "--cluster-node-timeout",
+    "1000",
+    // A replica may take over however stale it is: the tests kill primaries.
+    "--cluster-replica-validity-factor",
+    "0",
+];
+
 /// One line of `CLUSTER NODES`.
 #[derive(Debug, Clone)]
 pub struct NodeInfo {
@@ -54,19 +67,7 @@ impl RedisCluster {
     fn try_start(primaries: usize, replicas: usize) -> Option<Self> {
         let total = primaries * (1 + replicas);
         let nodes: Vec<RedisServer> = (0..total)
-            .map(|_| {
-                RedisServer::start_with(&[
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    "nodes.conf",
-                    "--cluster-node-timeout",
-                    "1000",
-                    // A replica may take over however stale it is: the tests kill primaries.
-                    "--cluster-replica-validity-factor",
-                    "0",
-                ])
-            })
+            .map(|_| RedisServer::start_with(NODE_ARGS))
             .collect();
         let addrs: Vec<String> = nodes
             .iter()

@@ -56,6 +56,50 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// A directory under the system's temporary one that no other server of any test process
+/// has: named by the process and a counter, never by a port (a port freed by one server can be
+/// handed to the next, and two servers sharing a directory would share `nodes.conf`, and one's
+/// removal would pull the other's files away).
+pub fn fresh_dir(prefix: &str) -> PathBuf {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    std::env::temp_dir().join(format!("{prefix}-{}-{n}", std::process::id()))
+}
+
+/// Whether the server answering on `port` is the process `pid`. A connection alone proves
+/// nothing: a port `free_port` released can be taken by another test's server before this one
+/// binds it, and then this one exits while the other answers in its place.
+pub fn served_by(port: u16, pid: u32) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+    if stream.write_all(b"INFO server\r\n").is_err() {
+        return false;
+    }
+    // One bulk reply (`$<len>\r\n<text>\r\n`), or an error line.
+    let mut reply = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        match stream.read(&mut chunk) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => reply.extend_from_slice(&chunk[..n]),
+        }
+        let Some(header) = reply.windows(2).position(|w| w == b"\r\n") else {
+            continue;
+        };
+        let len: Option<usize> = std::str::from_utf8(&reply[1..header])
+            .ok()
+            .and_then(|l| l.parse().ok());
+        match (reply[0], len) {
+            (b'$', Some(len)) if reply.len() < header + 2 + len => continue,
+            _ => break,
+        }
+    }
+    String::from_utf8_lossy(&reply).contains(&format!("\r\nprocess_id:{pid}\r\n"))
+}
+
 impl RedisServer {
     /// Starts a server with persistence off.
     pub fn start() -> Self {
@@ -64,48 +108,47 @@ impl RedisServer {
 
     /// Starts a server with extra `--option value` arguments.
     pub fn start_with(extra: &[&str]) -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "redbaton-test-{}-{}",
-            std::process::id(),
-            free_port()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
         // A cluster node also listens on its port + 10000 (the cluster bus), so its port must
         // leave room for that: redis-server refuses ports above 55535 in cluster mode.
         let clustered = extra.contains(&"--cluster-enabled");
         // Its bus port is checked too: on a loaded machine with thousands of client
         // connections, port + 10000 is often some connection's local port, and redis-server
         // then exits at once.
-        let port = || loop {
+        Self::start_on(extra, || loop {
             let port = free_port();
             if !clustered
                 || (port <= 55535 && TcpListener::bind(("127.0.0.1", port + 10000)).is_ok())
             {
                 return port;
             }
-        };
+        })
+    }
+
+    /// Starts a server on the first port from `port` it can listen on (a port taken between
+    /// `free_port` and the server's bind is met on loaded machines; the next one is tried).
+    /// Each attempt has a directory of its own: a failed attempt's directory is removed with
+    /// it, and a cluster node's `nodes.conf` must not be one a failed attempt left.
+    pub fn start_on(extra: &[&str], mut port: impl FnMut() -> u16) -> Self {
+        let mut last_log = String::new();
         for _ in 0..20 {
             let mut server = RedisServer {
                 port: port(),
                 child: None,
-                dir: dir.clone(),
+                dir: fresh_dir("redbaton-test"),
                 extra: extra.iter().map(|s| s.to_string()).collect(),
             };
+            std::fs::create_dir_all(&server.dir).unwrap();
             if server.spawn() {
                 return server;
             }
+            last_log = std::fs::read_to_string(server.log_path()).unwrap_or_default();
         }
-        // The last attempt's log says why.
-        let log = std::fs::read_dir(&dir)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter(|e| e.file_name().to_string_lossy().ends_with(".log"))
-            .filter_map(|e| std::fs::read_to_string(e.path()).ok())
-            .last()
-            .unwrap_or_default();
-        let tail: Vec<&str> = log.lines().rev().take(5).collect();
+        let tail: Vec<&str> = last_log.lines().rev().take(5).collect();
         panic!("could not start redis-server (is it installed?); its log ends: {tail:?}");
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.join(format!("redis-{}.log", self.port))
     }
 
     fn spawn(&mut self) -> bool {
@@ -115,7 +158,7 @@ impl RedisServer {
             .args(["--save", "", "--appendonly", "no"])
             .args(["--dir", self.dir.to_str().unwrap()])
             .arg("--logfile")
-            .arg(self.dir.join(format!("redis-{}.log", self.port)))
+            .arg(self.log_path())
             .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null());
@@ -128,7 +171,8 @@ impl RedisServer {
                 self.child = None;
                 return false; // exited: port taken, try another
             }
-            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+            let pid = self.child.as_ref().map_or(0, Child::id);
+            if served_by(self.port, pid) {
                 return true;
             }
             std::thread::sleep(Duration::from_millis(20));

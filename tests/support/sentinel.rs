@@ -26,8 +26,7 @@ impl Sentinel {
     pub fn start_with(master_port: u16, quorum: u32, failover_timeout_ms: u64) -> Sentinel {
         for _ in 0..5 {
             let port = free_port();
-            let dir = std::env::temp_dir()
-                .join(format!("redbaton-sentinel-{}-{port}", std::process::id()));
+            let dir = super::fresh_dir("redbaton-sentinel");
             std::fs::create_dir_all(&dir).unwrap();
             let conf = dir.join("sentinel.conf");
             std::fs::write(
@@ -54,7 +53,7 @@ impl Sentinel {
                 if let Ok(Some(_)) = child.try_wait() {
                     break;
                 }
-                if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                if super::served_by(port, child.id()) {
                     return Sentinel { port, child, dir };
                 }
                 std::thread::sleep(Duration::from_millis(20));
