@@ -14,7 +14,8 @@
 //! - **the hold's generation**: guards belong to a generation; a new one starts with each
 //!   fresh hold, so a guard of a lost generation is lost for good.
 //! - **the validity**: until when the lease is known valid by the local monotonic clock (the
-//!   last successful acquire or renewal's *send* time plus its lease), and the lost signal.
+//!   last successful acquire or renewal's *send* time plus its lease, less an allowance for
+//!   clock drift: [`valid_until`]), and the lost signal.
 //!
 //! The watchdog renews what is registered here. The map is a `DashMap`: every acquire and
 //! release goes through it, and shards keep tasks on other keys out of each other's way.
@@ -550,7 +551,7 @@ impl Entry {
             let mut state = self.state.lock();
             let renewed = state.generation == generation && state.lost.is_none();
             if renewed {
-                state.valid_until = state.valid_until.max(sent_at + lease);
+                state.valid_until = state.valid_until.max(valid_until(sent_at, lease));
             }
             renewed
         };
@@ -667,9 +668,7 @@ impl Turn {
     /// row, while a re-entry keeps its hold's run.
     fn register(&self, count: i64, lease: Lease, sent_at: Instant, passes: u32) -> Registered {
         let lease_len = lease.duration(self.holds.watchdog_lease);
-        let until = sent_at
-            .checked_add(lease_len)
-            .unwrap_or_else(|| far_future(sent_at));
+        let until = valid_until(sent_at, lease_len);
         let entry = &self.entry;
         let mut stale = None;
         let (generation, was_held) = {
@@ -791,6 +790,23 @@ impl Drop for Turn {
     }
 }
 
-fn far_future(from: Instant) -> Instant {
-    from + Duration::from_secs(100 * 365 * 24 * 3600)
+/// How long the clocks' rates may differ over a lease: Redlock's allowance, 1 % of the lease
+/// plus 2 ms.
+pub(crate) fn drift(lease: Duration) -> Duration {
+    lease / 100 + Duration::from_millis(2)
+}
+
+/// Until when a hold whose acquire or renewal was sent at `sent_at` with `lease` is known
+/// valid. Redis starts the lease when it runs the script, after the send, so the send time
+/// plus the lease is never later than its expiry by *its* clock — as long as both clocks run
+/// at one rate. They need not: the drift allowance is taken off, so a server clock running up
+/// to 1 % fast still expires the key after this process stopped believing it held. A lease no
+/// longer than the allowance is never known valid.
+pub(crate) fn valid_until(sent_at: Instant, lease: Duration) -> Instant {
+    match lease.checked_sub(drift(lease)) {
+        Some(valid) => sent_at
+            .checked_add(valid)
+            .unwrap_or_else(|| sent_at + Duration::from_secs(100 * 365 * 24 * 3600)),
+        None => sent_at,
+    }
 }

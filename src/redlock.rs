@@ -276,7 +276,7 @@ impl<K: Exclusive> RedLock<K> {
             crate::kinds::lease_millis(lease)?;
         }
         let lease_len = self.lease(lease);
-        let drift = lease_len / 100 + Duration::from_millis(2);
+        let drift = crate::holds::drift(lease_len);
         let quorum = self.quorum();
         let deadline = wait.and_then(|w| Instant::now().checked_add(w));
         loop {

@@ -262,9 +262,9 @@ impl<K: Kind> Guard<K> {
 
     /// When the lease was lost: `None` while it is valid; once lost, the instant it stopped
     /// being known valid by this process — the end of its validity by the local monotonic
-    /// clock (the last acknowledged acquire or renewal's *send* time plus its lease, so never
-    /// later than the expiry Redis set), or the moment Redis's word that it was gone arrived,
-    /// whichever came first.
+    /// clock (the last acknowledged acquire or renewal's *send* time plus its lease, less 1 % of
+    /// the lease + 2 ms for the clocks' rates, so never later than the expiry Redis set), or
+    /// the moment Redis's word that it was gone arrived, whichever came first.
     ///
     /// [`lost()`](Guard::lost) resolves at that instant or, as any wake-up, a little after
     /// it: this is the instant to log, or to compare with what other holders did.

@@ -47,6 +47,48 @@ async fn lease_bookkeeping_follows_the_monotonic_clock() {
     client.shutdown().await.unwrap();
 }
 
+/// Scenario 8a: the validity leaves room for clocks that run at different rates. Redis
+/// expires the key by its own clock; one running 1 % fast ends a 60 s lease 600 ms early by
+/// ours. So a hold is known valid until its send time plus the lease *less* Redlock's drift
+/// allowance (1 % + 2 ms), and no longer: 500 ms before the lease's end by the local clock the
+/// guard is already lost, and `lost_at` is that end less the allowance.
+#[tokio::test]
+async fn validity_leaves_a_margin_for_clock_drift() {
+    let server = RedisServer::start();
+    let client = Client::connect(&server.url()).await.unwrap();
+    let lease = Duration::from_secs(60);
+    let drift = lease / 100 + Duration::from_millis(2);
+    let before = tokio::time::Instant::now();
+    let guard = client.lock("drift").lock_with_lease(lease).await.unwrap();
+    let after = tokio::time::Instant::now();
+
+    tokio::time::pause();
+    tokio::time::advance(lease - drift - (after - before) - Duration::from_millis(50)).await;
+    assert!(!guard.is_lost(), "valid until the lease less the allowance");
+    // Past the latest the allowance can end (the send was at most `after`), and still ~600 ms
+    // before the lease's end by the local clock.
+    tokio::time::advance(after - before + Duration::from_millis(51)).await;
+    let left = (before + lease).saturating_duration_since(tokio::time::Instant::now());
+    assert!(
+        left > Duration::from_millis(100),
+        "the acquire took {:?}",
+        after - before
+    );
+    assert!(
+        guard.is_lost(),
+        "still believed held {left:?} before the lease's end by the local clock"
+    );
+    let lost_at = guard.lost_at().expect("lost");
+    assert!(
+        lost_at >= (before + lease - drift).into_std()
+            && lost_at <= (after + lease - drift).into_std(),
+        "lost at the send time plus the lease less the allowance"
+    );
+    tokio::time::resume();
+    drop(guard);
+    client.shutdown().await.unwrap();
+}
+
 /// Scenario 8b: a waiter's fallback timer is the monotonic clock too: advancing tokio's
 /// clock past the holder's PTTL makes the waiter re-check although no message came and
 /// Redis's clock barely moved.
