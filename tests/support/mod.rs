@@ -66,9 +66,10 @@ pub fn fresh_dir(prefix: &str) -> PathBuf {
     std::env::temp_dir().join(format!("{prefix}-{}-{n}", std::process::id()))
 }
 
-/// Whether the server answering on `port` is the process `pid`. A connection alone proves
-/// nothing: a port `free_port` released can be taken by another test's server before this one
-/// binds it, and then this one exits while the other answers in its place.
+/// Whether the server answering on `port` is the process `pid` (a sentinel, which logs no
+/// "ready" line). A connection alone proves nothing: a port `free_port` released can be taken
+/// by another test's server before this one binds it, and then this one exits while the other
+/// answers in its place.
 pub fn served_by(port: u16, pid: u32) -> bool {
     use std::io::{Read, Write};
     let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
@@ -147,6 +148,22 @@ impl RedisServer {
         panic!("could not start redis-server (is it installed?); its log ends: {tail:?}");
     }
 
+    /// Whether the server's own log, past its first `from` bytes, says it listens. Not a
+    /// connection to the port: a port `free_port` released can be taken by another test's
+    /// server before this one binds it, and then this one exits while the other answers in its
+    /// place. The log is in this server's own directory, and unlike a command it needs no
+    /// password.
+    fn says_ready(&self, from: u64) -> bool {
+        use std::io::{Read, Seek};
+        let Ok(mut log) = std::fs::File::open(self.log_path()) else {
+            return false;
+        };
+        let mut text = String::new();
+        log.seek(std::io::SeekFrom::Start(from)).is_ok()
+            && log.read_to_string(&mut text).is_ok()
+            && text.contains("Ready to accept connections")
+    }
+
     fn log_path(&self) -> PathBuf {
         self.dir.join(format!("redis-{}.log", self.port))
     }
@@ -162,6 +179,9 @@ impl RedisServer {
             .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null());
+        // A restart on the same port appends to the same log: only what this process writes
+        // counts.
+        let logged_before = std::fs::metadata(self.log_path()).map_or(0, |m| m.len());
         let child = cmd.spawn().expect("spawn redis-server (is it installed?)");
         self.child = Some(child);
         // Generous: on a loaded machine a server has been seen to take over 10 s to listen.
@@ -171,8 +191,7 @@ impl RedisServer {
                 self.child = None;
                 return false; // exited: port taken, try another
             }
-            let pid = self.child.as_ref().map_or(0, Child::id);
-            if served_by(self.port, pid) {
+            if self.says_ready(logged_before) {
                 return true;
             }
             std::thread::sleep(Duration::from_millis(20));
