@@ -2,6 +2,7 @@
 //! reentrant figures beside it.
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use fred::interfaces::{ClientLike, LuaInterface};
@@ -11,7 +12,7 @@ use serde_json::json;
 
 use crate::contenders::{Ctx, Kind};
 use crate::handoff::hold;
-use crate::harness::{now_ns, Opts};
+use crate::harness::{now_ns, Opts, ALLOCATIONS};
 use crate::report::json_line;
 use crate::stats::{pct, us};
 use crate::support::RedisServer;
@@ -75,45 +76,12 @@ pub(crate) async fn uncontended(server: &RedisServer, opts: &Opts, out: &mut Str
             }
             for _ in 0..per_block {
                 let t = now_ns();
-                let _: i64 = redis
-                    .evalsha(sha.as_str(), "bench:floor", ())
-                    .await
-                    .expect("evalsha");
-                let _: i64 = redis
-                    .evalsha(sha.as_str(), "bench:floor", ())
-                    .await
-                    .expect("evalsha");
+                two_trivial(&redis, &sha).await;
                 record("evalsha2", now_ns() - t);
             }
             for _ in 0..per_block {
                 let t = now_ns();
-                let (key, channel) = (
-                    "bench:raw-scripts",
-                    "redisson_lock__channel:{bench:raw-scripts}",
-                );
-                let _: Value = lock_script
-                    .evalsha(
-                        &redis,
-                        key,
-                        vec![Value::from(30_000i64), "bench-raw:1".into()],
-                    )
-                    .await
-                    .expect("lock script");
-                let _: Value = unlock_script
-                    .evalsha(
-                        &redis,
-                        key,
-                        vec![
-                            Value::from("bench-raw:1"),
-                            Value::from(1i64),
-                            Value::from(0i64),
-                            "0".into(),
-                            "PUBLISH".into(),
-                            channel.into(),
-                        ],
-                    )
-                    .await
-                    .expect("unlock script");
+                raw_scripts_cycle(&redis, &lock_script, &unlock_script).await;
                 record("scripts", now_ns() - t);
             }
             for (k, ctx) in &ctxs {
@@ -149,12 +117,53 @@ pub(crate) async fn uncontended(server: &RedisServer, opts: &Opts, out: &mut Str
                 .expect("evalsha");
             after_hold.push(now_ns() - t);
         }
+        // Allocations per cycle, counted apart from the timed blocks (the count is the whole
+        // process's, so nothing else may run meanwhile).
+        let mut allocs: Vec<(String, f64)> = vec![
+            (
+                "2 × trivial EVALSHA".into(),
+                allocations_per(|| two_trivial(&redis, &sha)).await,
+            ),
+            (
+                "lock + unlock scripts by raw EVALSHA".into(),
+                allocations_per(|| raw_scripts_cycle(&redis, &lock_script, &unlock_script)).await,
+            ),
+        ];
+        for (k, ctx) in &ctxs {
+            let name = format!("bench:uncontended:{}", k.name());
+            let per = allocations_per(|| async {
+                let held = ctx.lock(&name).await;
+                ctx.unlock(held).await;
+            })
+            .await;
+            allocs.push((format!("{} lock+unlock", k.name()), per));
+        }
+        let lock = rb.lock("bench:allocations");
+        allocs.push((
+            "redbaton lock+unlock on a handle made once".into(),
+            allocations_per(|| async {
+                lock.lock()
+                    .await
+                    .expect("lock")
+                    .unlock()
+                    .await
+                    .expect("unlock");
+            })
+            .await,
+        ));
+        allocs.push((
+            "redbaton `client.lock(name)` (the handle alone)".into(),
+            allocations_per(|| async {
+                std::hint::black_box(rb.lock("bench:allocations"));
+            })
+            .await,
+        ));
         for (_, ctx) in ctxs {
             ctx.shutdown().await;
         }
-        samples
+        (samples, allocs)
     });
-    let mut samples = task.await.expect("uncontended task");
+    let (mut samples, allocs) = task.await.expect("uncontended task");
     for v in samples.values_mut() {
         v.sort_unstable();
     }
@@ -219,6 +228,11 @@ pub(crate) async fn uncontended(server: &RedisServer, opts: &Opts, out: &mut Str
     json_line(json!({"scenario": "reentrant", "contender": "redbaton",
         "median_us": us(pct(v, 50.0)), "p99_us": us(pct(v, 99.0)),
         "ratio_to_6x_evalsha": pct(v, 50.0) as f64 / (3.0 * two_floor)}));
+    out.push_str("\n### Allocations per uncontended cycle (the whole process, 200 cycles after 50 unmeasured)\n\n| cycle | allocations |\n|---|---|\n");
+    for (what, per) in &allocs {
+        out.push_str(&format!("| {what} | {per:.1} |\n"));
+        json_line(json!({"scenario": "allocations", "cycle": what, "per_cycle": per}));
+    }
     if let Some(v) = samples.get("redbaton") {
         println!(
             "uncontended: redbaton lock+unlock median {:.1} µs; trivial EVALSHA median {:.1} µs (ratio to 2× floor {:.2})",
@@ -235,4 +249,63 @@ pub(crate) async fn uncontended(server: &RedisServer, opts: &Opts, out: &mut Str
         }
     }
     floor
+}
+
+/// Two trivial `EVALSHA`s back to back: the round-trip floor of a lock+unlock cycle.
+async fn two_trivial(redis: &fred::clients::Client, sha: &str) {
+    for _ in 0..2 {
+        let _: i64 = redis
+            .evalsha(sha, "bench:floor", ())
+            .await
+            .expect("evalsha");
+    }
+}
+
+/// redbaton's lock and unlock scripts sent raw through fred: the cycle without the library.
+async fn raw_scripts_cycle(redis: &fred::clients::Client, lock: &Script, unlock: &Script) {
+    let (key, channel) = (
+        "bench:raw-scripts",
+        "redisson_lock__channel:{bench:raw-scripts}",
+    );
+    let _: Value = lock
+        .evalsha(
+            redis,
+            key,
+            vec![Value::from(30_000i64), "bench-raw:1".into()],
+        )
+        .await
+        .expect("lock script");
+    let _: Value = unlock
+        .evalsha(
+            redis,
+            key,
+            vec![
+                Value::from("bench-raw:1"),
+                Value::from(1i64),
+                Value::from(0i64),
+                "0".into(),
+                "PUBLISH".into(),
+                channel.into(),
+            ],
+        )
+        .await
+        .expect("unlock script");
+}
+
+/// Allocations the process makes per run of `cycle`: 50 runs to warm up, then the mean of 200.
+async fn allocations_per<F, Fut>(mut cycle: F) -> f64
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    const WARM: usize = 50;
+    const RUNS: usize = 200;
+    for _ in 0..WARM {
+        cycle().await;
+    }
+    let before = ALLOCATIONS.load(Ordering::SeqCst);
+    for _ in 0..RUNS {
+        cycle().await;
+    }
+    (ALLOCATIONS.load(Ordering::SeqCst) - before) as f64 / RUNS as f64
 }

@@ -261,8 +261,8 @@ impl FairLock {
         named.check()?;
         let conn = &named.client.conn;
         let args = vec![
-            Value::from(UNLOCK_MESSAGE),
-            Value::from(conn.publish_command()),
+            Value::from_static_str(UNLOCK_MESSAGE),
+            Value::from_static_str(conn.publish_command()),
             Value::from(&*self.inner.hash.channel),
         ];
         let (deleted, ack): (i64, Ack) = conn
@@ -336,8 +336,8 @@ impl Kind for FairLock {
         let args = vec![
             Value::from(field),
             Value::from(self.waiting.wait_ms),
-            Value::from(UNLOCK_MESSAGE),
-            Value::from(conn.publish_command()),
+            Value::from_static_str(UNLOCK_MESSAGE),
+            Value::from_static_str(conn.publish_command()),
             Value::from(&*self.inner.hash.channel),
         ];
         Some(conn.call(&GIVE_UP, &self.inner.keys(), args))
@@ -385,8 +385,8 @@ impl HoldOps for Inner {
             Value::from(field),
             Value::from(i64::from(max)),
             Value::from(i64::from(keep)),
-            Value::from(UNLOCK_MESSAGE),
-            Value::from(conn.publish_command()),
+            Value::from_static_str(UNLOCK_MESSAGE),
+            Value::from_static_str(conn.publish_command()),
             Value::from(&*self.hash.channel),
         ];
         conn.call(&RELEASE, &self.keys(), args)

@@ -458,7 +458,7 @@ impl LeasedSemaphore {
         let conn = &named.client.conn;
         let keys = [&*inner.counter, &*named.key];
         let mut args = vec![
-            Value::from(conn.publish_command()),
+            Value::from_static_str(conn.publish_command()),
             Value::from(&*inner.channel),
         ];
         if let Some((id, lease_ms)) = update {
@@ -588,7 +588,7 @@ impl Kind for LeasedSemaphore {
         let args = vec![
             Value::from(field),
             Value::from(lease_ms),
-            Value::from(conn.publish_command()),
+            Value::from_static_str(conn.publish_command()),
             Value::from(&*inner.channel),
         ];
         let keys = [&*inner.counter, &*inner.named.key];
@@ -650,7 +650,7 @@ impl HoldOps for Inner {
             Value::from(field),
             Value::from(i64::from(max)),
             Value::from(i64::from(keep)),
-            Value::from(conn.publish_command()),
+            Value::from_static_str(conn.publish_command()),
             Value::from(&*self.channel),
         ];
         let keys = [&*self.counter, &*self.named.key];

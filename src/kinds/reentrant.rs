@@ -201,8 +201,8 @@ impl HashLock {
         named.check()?;
         let conn = &named.client.conn;
         let args = vec![
-            Value::from(UNLOCK_MESSAGE),
-            conn.publish_command().into(),
+            Value::from_static_str(UNLOCK_MESSAGE),
+            Value::from_static_str(conn.publish_command()),
             Value::from(&*self.channel),
         ];
         let (deleted, ack): (i64, Ack) = conn
@@ -394,8 +394,8 @@ impl Kind for Lock {
             // This client's own subscriber, listening for the waiter being passed the lock.
             Value::from(1),
             Value::from(count_subscribers),
-            Value::from(UNLOCK_MESSAGE),
-            Value::from(conn.publish_command()),
+            Value::from_static_str(UNLOCK_MESSAGE),
+            Value::from_static_str(conn.publish_command()),
             Value::from(&*self.inner.channel),
         ];
         Some((conn.call(&PASS, &[&*self.inner.named.key], args), ()))
@@ -424,8 +424,8 @@ impl HoldOps for HashLock {
             Value::from(field),
             Value::from(i64::from(max)),
             Value::from(i64::from(keep)),
-            Value::from(UNLOCK_MESSAGE),
-            Value::from(conn.publish_command()),
+            Value::from_static_str(UNLOCK_MESSAGE),
+            Value::from_static_str(conn.publish_command()),
             Value::from(&*self.channel),
         ];
         conn.call(&RELEASE, &[&*self.named.key], args)

@@ -197,7 +197,7 @@ impl Base {
         let args = vec![
             Value::from(mode),
             Value::from(message),
-            Value::from(conn.publish_command()),
+            Value::from_static_str(conn.publish_command()),
             Value::from(&*self.channel),
         ];
         let deleted: i64 = conn
@@ -526,8 +526,8 @@ impl HoldOps for ReadHalf {
             Value::from(field),
             Value::from(i64::from(max)),
             Value::from(i64::from(keep)),
-            Value::from(READ_UNLOCK_MESSAGE),
-            Value::from(conn.publish_command()),
+            Value::from_static_str(READ_UNLOCK_MESSAGE),
+            Value::from_static_str(conn.publish_command()),
             Value::from(&*base.channel),
         ];
         let keys = [&*base.named.key, &prefix, &*base.timeout_base];
@@ -559,8 +559,8 @@ impl HoldOps for WriteHalf {
             Value::from(field),
             Value::from(i64::from(max)),
             Value::from(i64::from(keep)),
-            Value::from(WRITE_UNLOCK_MESSAGE),
-            Value::from(conn.publish_command()),
+            Value::from_static_str(WRITE_UNLOCK_MESSAGE),
+            Value::from_static_str(conn.publish_command()),
             Value::from(&*base.channel),
         ];
         conn.call(&WRITE_RELEASE, &[&*base.named.key], args)

@@ -357,7 +357,7 @@ pub(crate) async fn set_permits(
     let conn = &named.client.conn;
     let args = vec![
         Value::from(i64::from(permits)),
-        Value::from(conn.publish_command()),
+        Value::from_static_str(conn.publish_command()),
         Value::from(channel),
     ];
     let set: i64 = conn
@@ -390,7 +390,7 @@ pub(crate) async fn add_permits(
     let message = if leased.is_some() { "delta" } else { "count" };
     let args = vec![
         Value::from(delta),
-        Value::from(conn.publish_command()),
+        Value::from_static_str(conn.publish_command()),
         Value::from(message),
         Value::from(channel),
     ];
@@ -560,7 +560,7 @@ async fn give_back(inner: Arc<Inner>, permits: u32) -> Result<i64> {
     let conn = &named.client.conn;
     let args = vec![
         Value::from(i64::from(permits)),
-        Value::from(conn.publish_command()),
+        Value::from_static_str(conn.publish_command()),
         Value::from(&*inner.channel),
     ];
     let call = conn.call(&RELEASE, &[&*named.key], args);
