@@ -2,19 +2,17 @@
 
 use super::*;
 
-async fn evalsha_calls(raw: &fred::clients::Client) -> u64 {
-    command_calls(raw)
-        .await
-        .get("evalsha")
-        .copied()
-        .unwrap_or(0)
+/// Semaphore scripts run so far: each (an acquire attempt, a release) runs GET once. Not
+/// EVALSHA calls: scripts issued together travel in one call of the composite script.
+async fn script_runs(raw: &fred::clients::Client) -> u64 {
+    command_calls(raw).await.get("get").copied().unwrap_or(0)
 }
 
-/// Waits until the server saw no EVALSHA for `quiet` (at least `min` in all): the waiters
+/// Waits until the server ran no script for `quiet` (at least `min` in all): the waiters
 /// made their attempts and parked.
 async fn wait_quiet(raw: &fred::clients::Client, min: u64, quiet: Duration) -> u64 {
     let start = Instant::now();
-    let mut last = evalsha_calls(raw).await;
+    let mut last = script_runs(raw).await;
     let mut since = Instant::now();
     loop {
         assert!(
@@ -22,7 +20,7 @@ async fn wait_quiet(raw: &fred::clients::Client, min: u64, quiet: Duration) -> u
             "waiters never settled"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
-        let now = evalsha_calls(raw).await;
+        let now = script_runs(raw).await;
         if now != last {
             last = now;
             since = Instant::now();
@@ -45,7 +43,7 @@ async fn a_release_wakes_exactly_as_many_waiters_as_permits_appeared() {
         .with_recheck_interval(NO_RECHECK)
         .unwrap();
     assert!(sem.try_set_permits(0).await.unwrap());
-    let before = evalsha_calls(&raw).await;
+    let before = script_runs(&raw).await;
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let mut tasks = Vec::new();
     for i in 0..5 {
@@ -76,7 +74,7 @@ async fn a_release_wakes_exactly_as_many_waiters_as_permits_appeared() {
     assert!(rx.try_recv().is_err(), "two permits, two holders");
     // The release, and one attempt by each of the two woken waiters: the other three were
     // not woken (a wake-all would add three attempts; a wake-one could not give two holders).
-    assert_eq!(after - parked, 3, "EVALSHAs after release(2)");
+    assert_eq!(after - parked, 3, "scripts run after release(2)");
     assert_eq!(sem.available_permits().await.unwrap(), 0);
 
     releaser.semaphore("wake").release(3).await.unwrap();
@@ -147,7 +145,7 @@ async fn a_released_permit_reaches_the_waiter_that_can_use_it(same_client: bool)
     };
     assert!(sem(&big_client).try_set_permits(0).await.unwrap());
 
-    let before = evalsha_calls(&raw).await;
+    let before = script_runs(&raw).await;
     let big = sem(&big_client);
     let big_task = tokio::spawn(async move { big.acquire(2).await.map(SemaphorePermit::forget) });
     // Parked before the smaller request comes: first in its process's line for a wake-up.
