@@ -317,6 +317,14 @@ impl Client {
         &self.inner.id
     }
 
+    /// The SHA1 of the composite script a group's scripts of one slot travel in (one
+    /// `EVALSHA` of it runs several scripts). For tests that count the scripts a server ran;
+    /// not part of the stable API.
+    #[doc(hidden)]
+    pub fn composite_sha1() -> &'static str {
+        COMPOSITE.script.sha1()
+    }
+
     /// The settings this client runs with.
     pub fn config(&self) -> &Config {
         &self.inner.config

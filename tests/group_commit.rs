@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use fred::interfaces::{ClientLike, HashesInterface, KeysInterface};
 use redbaton::{Client, Error, ReplicaSync, AUTO_REPLICA_TIMEOUT};
 use support::cluster::RedisCluster;
+use support::monitor::ScriptRuns;
 use support::proxy::{Mode, Proxy};
 use support::{eventually, RedisServer};
 
@@ -629,17 +630,31 @@ async fn lock_all(client: &Client, names: &[String]) -> Vec<redbaton::Result<red
 }
 
 /// A group's acquisitions of one node go as composite calls: each caller holds its own lock,
-/// and the server ran fewer script calls than there were acquisitions.
+/// and the server ran fewer script calls than there were acquisitions — but as many scripts
+/// ([`ScriptRuns`], the count tests of attempts use, sees each one).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grouped_acquisitions_share_script_calls() {
     let server = RedisServer::start();
-    let client = client(server.url(), ReplicaSync::Off).await;
+    // Renewals (every third of the lease) stay out of the count taken over the acquisitions.
+    let client = Client::builder()
+        .url(server.url())
+        .replica_sync(ReplicaSync::Off)
+        .watchdog_lease(Duration::from_secs(300))
+        .connect()
+        .await
+        .unwrap();
     let raw = server.raw().await;
     warm_up(&client, &raw).await;
+    let runs = ScriptRuns::start(&server, &raw).await;
     let names: Vec<String> = (0..200).map(|i| format!("composite-{i}")).collect();
-    let before = support::script_calls(&raw).await;
+    let (before, runs_before) = (support::script_calls(&raw).await, runs.count().await);
     let guards = lock_all(&client, &names).await;
     let calls = support::script_calls(&raw).await - before;
+    assert_eq!(
+        runs.count().await - runs_before,
+        names.len() as u64,
+        "one script run per acquisition, in {calls} calls"
+    );
     for (name, guard) in names.iter().zip(&guards) {
         guard.as_ref().unwrap_or_else(|e| panic!("{name}: {e}"));
         let counts: Vec<i64> = raw.hvals(name).await.unwrap();
