@@ -1,6 +1,6 @@
 //! [`Client`]: the connections, the hub, the watchdog and the client's unique id.
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use fred::interfaces::ClientLike;
@@ -9,7 +9,7 @@ use fred::types::config::TcpConfig;
 
 use crate::acquire::{bounded, CALL_BOUND};
 use crate::config::{redact_url, Builder, Config};
-use crate::conn::Conn;
+use crate::conn::{Composite, Conn};
 use crate::holds::{Holds, Loss};
 use crate::hub::Hub;
 use crate::kinds;
@@ -32,6 +32,10 @@ use crate::{Error, Lock, Result};
 pub struct Client {
     inner: Arc<ClientInner>,
 }
+
+/// The composite script of every kind's scripts: a group's scripts of one slot travel as one
+/// call of it (built here, where the kinds are known; the connection layer knows no kind).
+static COMPOSITE: LazyLock<Composite> = LazyLock::new(|| Composite::new(&kinds::scripts()));
 
 /// URL schemes fred understands; anything else is refused before any lookup happens.
 const SCHEMES: &[&str] = &[
@@ -226,6 +230,7 @@ impl Client {
             config.command_timeout,
             config.pubsub.publish_command(),
             config.replica_sync,
+            &COMPOSITE,
         )
         .await;
         if let Err(e) = conn.load(&kinds::scripts()).await {
@@ -310,6 +315,14 @@ impl Client {
     /// This client's unique id: the first half of every owner field it writes.
     pub fn id(&self) -> &str {
         &self.inner.id
+    }
+
+    /// The SHA1 of the composite script a group's scripts of one slot travel in (one
+    /// `EVALSHA` of it runs several scripts). For tests that count the scripts a server ran;
+    /// not part of the stable API.
+    #[doc(hidden)]
+    pub fn composite_sha1() -> &'static str {
+        COMPOSITE.script.sha1()
     }
 
     /// The settings this client runs with.

@@ -23,7 +23,9 @@
 //! earlier group is in flight leave together. With replica sync (see [`ReplicaSync`]), a group
 //! is followed by one `WAIT` back to back — the same connection, and on a cluster the node that
 //! owns the keys' slot, since `WAIT` only counts the writes of the connection that sends it.
+//! A group's scripts of one slot travel as one call of a [`Composite`] script.
 
+mod composite;
 mod group;
 
 use std::cell::Cell;
@@ -46,6 +48,7 @@ use parking_lot::RwLock;
 use crate::config::{ReplicaSync, AUTO_REPLICA_TIMEOUT};
 use crate::error::{is_noscript, is_redirect, is_rewrite, is_tryagain, is_unblocked};
 use crate::Error;
+pub(crate) use composite::Composite;
 use group::Groups;
 
 /// A Lua script of the crate: its text, compiled into the binary, and its SHA1.
@@ -250,16 +253,18 @@ impl Replication {
 
 impl Conn {
     /// A connection over `redis`; with [`ReplicaSync::Auto`] it learns the primaries'
-    /// replicas first and keeps following them.
+    /// replicas first and keeps following them. A group's scripts that `composite` holds
+    /// travel in its calls.
     pub(crate) async fn start(
         redis: fred::clients::Client,
         command_timeout: Duration,
         publish: &'static str,
         sync: ReplicaSync,
+        composite: &'static Composite,
     ) -> Arc<Conn> {
         let redis_clustered = redis.is_clustered();
         let runtime = tokio::runtime::Handle::current();
-        let groups = Groups::new(redis.clone(), runtime.clone());
+        let groups = Groups::new(redis.clone(), runtime.clone(), composite);
         let conn = Arc::new(Conn {
             clustered: redis_clustered,
             redis,
@@ -321,12 +326,13 @@ impl Conn {
         Error::from_redis(err, name, self.command_timeout)
     }
 
-    /// Loads `scripts` on every primary, so first uses skip the NOSCRIPT round trip.
+    /// Loads `scripts`, and the composite the groups use, on every primary, so first uses
+    /// skip the NOSCRIPT round trip.
     pub(crate) async fn load(&self, scripts: &[&LuaScript]) -> Result<(), FredError> {
         for script in scripts {
             script.load(&self.redis).await?;
         }
-        Ok(())
+        self.groups.composite().script.load(&self.redis).await
     }
 
     /// Runs a read-only script: bounded by the command timeout, reloaded on NOSCRIPT and
@@ -898,11 +904,13 @@ mod tests {
     #[tokio::test]
     async fn a_counted_call_carries_no_fred_command_inline() {
         let redis = fred::clients::Client::new(Default::default(), None, None, None);
+        static COMPOSITE: LazyLock<Composite> = LazyLock::new(|| Composite::new(&[&ACQUIRE]));
         let conn = Conn::start(
             redis.clone(),
             Duration::from_secs(1),
             "PUBLISH",
             ReplicaSync::Off,
+            &COMPOSITE,
         )
         .await;
         let call = conn.call(&ACQUIRE, &["k"], vec![Value::from(1)]);

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use fred::interfaces::{ClientLike, HashesInterface, KeysInterface};
 use redbaton::{Client, Error, ReplicaSync, AUTO_REPLICA_TIMEOUT};
 use support::cluster::RedisCluster;
+use support::monitor::ScriptRuns;
 use support::proxy::{Mode, Proxy};
 use support::{eventually, RedisServer};
 
@@ -612,4 +613,172 @@ async fn a_group_with_redirected_members_gives_the_others_their_own_replies() {
     let raw = raw_cluster(&cluster).await;
     let left = support::still_held(&raw, held.into_iter().chain(free)).await;
     assert!(left.is_empty(), "left held: {left:?}");
+}
+
+/// Takes `names` at once from `client`, each in a task of its own: the first goes alone,
+/// the others are issued while it is in flight and so travel in groups.
+async fn lock_all(client: &Client, names: &[String]) -> Vec<redbaton::Result<redbaton::LockGuard>> {
+    let locks = names.iter().map(|name| {
+        let lock = client.lock(name);
+        tokio::spawn(async move { lock.lock().await })
+    });
+    futures::future::join_all(locks)
+        .await
+        .into_iter()
+        .map(|joined| joined.unwrap())
+        .collect()
+}
+
+/// A group's acquisitions of one node go as composite calls: each caller holds its own lock,
+/// and the server ran fewer script calls than there were acquisitions — but as many scripts
+/// ([`ScriptRuns`], the count tests of attempts use, sees each one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grouped_acquisitions_share_script_calls() {
+    let server = RedisServer::start();
+    // Renewals (every third of the lease) stay out of the count taken over the acquisitions.
+    let client = Client::builder()
+        .url(server.url())
+        .replica_sync(ReplicaSync::Off)
+        .watchdog_lease(Duration::from_secs(300))
+        .connect()
+        .await
+        .unwrap();
+    let raw = server.raw().await;
+    warm_up(&client, &raw).await;
+    let runs = ScriptRuns::start(&server, &raw).await;
+    let names: Vec<String> = (0..200).map(|i| format!("composite-{i}")).collect();
+    let (before, runs_before) = (support::script_calls(&raw).await, runs.count().await);
+    let guards = lock_all(&client, &names).await;
+    let calls = support::script_calls(&raw).await - before;
+    assert_eq!(
+        runs.count().await - runs_before,
+        names.len() as u64,
+        "one script run per acquisition, in {calls} calls"
+    );
+    for (name, guard) in names.iter().zip(&guards) {
+        guard.as_ref().unwrap_or_else(|e| panic!("{name}: {e}"));
+        let counts: Vec<i64> = raw.hvals(name).await.unwrap();
+        assert_eq!(counts, vec![1], "{name} has one owner holding once");
+    }
+    assert!(
+        calls < names.len() as u64,
+        "{calls} script calls for {} grouped acquisitions",
+        names.len()
+    );
+    drop(guards);
+    let left = support::still_held(&raw, names).await;
+    assert!(left.is_empty(), "left held: {left:?}");
+}
+
+/// One member of a composite call fails (its key holds a string): that caller gets its
+/// typed error, as for a script sent alone; the others in the same call hold their locks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_member_of_a_composite_call_fails_alone() {
+    let server = RedisServer::start();
+    let client = client(server.url(), ReplicaSync::Off).await;
+    let raw = server.raw().await;
+    warm_up(&client, &raw).await;
+    let mut names: Vec<String> = (0..100).map(|i| format!("beside-{i}")).collect();
+    let wrong = "wrong-type".to_owned();
+    let _: () = raw
+        .set(&wrong, "a string", None, None, false)
+        .await
+        .unwrap();
+    // Among the later callers: those travel in groups.
+    names.insert(50, wrong.clone());
+    let before = support::script_calls(&raw).await;
+    let outcomes = lock_all(&client, &names).await;
+    let calls = support::script_calls(&raw).await - before;
+    assert!(
+        calls < names.len() as u64,
+        "{calls} script calls for {} grouped acquisitions",
+        names.len()
+    );
+    let mut guards = Vec::new();
+    for (name, outcome) in names.iter().zip(outcomes) {
+        if *name == wrong {
+            match outcome {
+                Err(Error::WrongType { name, .. }) => assert_eq!(name, wrong),
+                other => panic!("{wrong}: expected WrongType, got {other:?}"),
+            }
+        } else {
+            guards.push(outcome.unwrap_or_else(|e| panic!("{name}: {e}")));
+            let counts: Vec<i64> = raw.hvals(name).await.unwrap();
+            assert_eq!(counts, vec![1], "{name} has one owner holding once");
+        }
+    }
+    let kept: String = raw.get(&wrong).await.unwrap();
+    assert_eq!(kept, "a string", "the string key is left as it was");
+    drop(guards);
+    names.retain(|name| *name != wrong);
+    let left = support::still_held(&raw, names).await;
+    assert!(left.is_empty(), "left held: {left:?}");
+}
+
+/// The script cache emptied, then a group: the composite is loaded again and sent once more,
+/// every caller holds its lock once, and the calls stay shared.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flushed_composite_is_loaded_again() {
+    let server = RedisServer::start();
+    let client = client(server.url(), ReplicaSync::Off).await;
+    let raw = server.raw().await;
+    warm_up(&client, &raw).await;
+    support::command(&raw, "SCRIPT", vec!["FLUSH".into()]).await;
+    let names: Vec<String> = (0..200).map(|i| format!("reloaded-{i}")).collect();
+    let before = support::script_calls(&raw).await;
+    let guards = lock_all(&client, &names).await;
+    let calls = support::script_calls(&raw).await - before;
+    for (name, guard) in names.iter().zip(&guards) {
+        guard.as_ref().unwrap_or_else(|e| panic!("{name}: {e}"));
+        let counts: Vec<i64> = raw.hvals(name).await.unwrap();
+        assert_eq!(counts, vec![1], "{name} has one owner holding once");
+    }
+    assert!(
+        calls < names.len() as u64,
+        "{calls} script calls for {} grouped acquisitions",
+        names.len()
+    );
+    drop(guards);
+    let left = support::still_held(&raw, names).await;
+    assert!(left.is_empty(), "left held: {left:?}");
+}
+
+/// A member whose script replies nil (a semaphore release that would pass the largest count a
+/// Redisson peer reads) in a composite call: that caller gets its refusal, as for a script
+/// sent alone; the others' releases count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nil_reply_in_a_composite_call_stays_nil() {
+    let server = RedisServer::start();
+    let client = client(server.url(), ReplicaSync::Off).await;
+    let raw = server.raw().await;
+    warm_up(&client, &raw).await;
+    let names: Vec<String> = (0..100).map(|i| format!("sem-{i}")).collect();
+    let full = |i: usize| i % 2 == 0;
+    for (i, name) in names.iter().enumerate() {
+        let count = if full(i) { i64::from(i32::MAX) } else { 0 };
+        let _: () = raw.set(name, count, None, None, false).await.unwrap();
+    }
+    let before = support::script_calls(&raw).await;
+    let releases = names.iter().map(|name| {
+        let semaphore = client.semaphore(name);
+        tokio::spawn(async move { semaphore.release(1).await })
+    });
+    let outcomes = futures::future::join_all(releases).await;
+    let calls = support::script_calls(&raw).await - before;
+    assert!(
+        calls < names.len() as u64,
+        "{calls} script calls for {} grouped releases",
+        names.len()
+    );
+    for (i, (name, outcome)) in names.iter().zip(outcomes).enumerate() {
+        let count: i64 = raw.get(name).await.unwrap();
+        match outcome.unwrap() {
+            Err(Error::InvalidArgument(message)) if full(i) => {
+                assert!(message.contains("out of the range"), "{name}: {message}");
+                assert_eq!(count, i64::from(i32::MAX), "{name} is left as it was");
+            }
+            Ok(()) if !full(i) => assert_eq!(count, 1, "{name} counts the release"),
+            other => panic!("{name}: unexpected {other:?}"),
+        }
+    }
 }

@@ -22,7 +22,15 @@
 //! (no hop to another: the uncontended path costs what it did); every later group runs in a
 //! task of its own, so a caller that stops waiting cancels no one else's script.
 //!
-//! Each member's script is sent exactly once here; what a caller does with a refusal
+//! A group's members of one slot (on a client that is not clustered: all of them) whose
+//! scripts the [`Composite`] holds go as one call of it, up to [`MAX_MEMBERS`] a call: one
+//! command for fred and one script call for the server instead of one each. Each member is
+//! answered its own script's reply or error, as if it had gone alone. A refusal of the whole
+//! call (a redirection) or its loss (a broken connection) is every member's, as it would have
+//! been for each alone; NOSCRIPT for the composite (nothing ran) loads it and sends it once
+//! more, with its own `WAIT`.
+//!
+//! Otherwise each member's script is sent exactly once here; what a caller does with a refusal
 //! (NOSCRIPT, a redirection) is [`crate::conn`]'s, per caller, as for a script sent alone.
 
 use std::collections::HashMap;
@@ -41,8 +49,9 @@ use parking_lot::Mutex;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+use super::composite::{split_reply, Composite, MAX_MEMBERS};
 use super::{acked, send, wait_command, Wait};
-use crate::error::is_unrouted;
+use crate::error::{is_noscript, is_unrouted};
 
 /// The shortest `WAIT` a group sends: `WAIT` with a timeout of 0 blocks for ever.
 const MIN_WAIT: Duration = Duration::from_millis(1);
@@ -70,19 +79,29 @@ pub(crate) struct Groups {
     /// A node (`None`: the one node of a client that is not clustered) has an entry exactly
     /// while a group of it is in flight: the scripts issued meanwhile, its next group.
     queues: Mutex<HashMap<Option<Server>, Vec<Member>>>,
+    /// The script that runs several members of one slot in one call.
+    composite: &'static Composite,
 }
 
 impl Groups {
-    /// The write path over `redis`, its tasks on `runtime` (the client's).
+    /// The write path over `redis`, its tasks on `runtime` (the client's), members of one
+    /// slot sharing calls of `composite`.
     pub(crate) fn new(
         redis: fred::clients::Client,
         runtime: tokio::runtime::Handle,
+        composite: &'static Composite,
     ) -> Arc<Groups> {
         Arc::new(Groups {
             redis,
             runtime,
             queues: Mutex::new(HashMap::new()),
+            composite,
         })
+    }
+
+    /// The composite script its groups use.
+    pub(crate) fn composite(&self) -> &'static Composite {
+        self.composite
     }
 
     /// Sends `command` (an `EVALSHA`'s arguments) for `slot` (`None`: not clustered) in the
@@ -206,7 +225,7 @@ impl Groups {
                 Some(server) if !self.redis.active_connections().contains(server) => {
                     self.run_alone(group).await
                 }
-                _ => self.run(node.as_ref(), group).await,
+                _ => self.run(node.as_ref(), group, false).await,
             }
         }
     }
@@ -235,17 +254,18 @@ impl Groups {
         futures::future::join_all(sends).await;
     }
 
-    /// Sends one group: its scripts back to back, then one `WAIT` if any member needs it, all
+    /// Sends one group: its calls back to back, then one `WAIT` if any member needs it, all
     /// on `node`'s connection (`None`: the one node of a client that is not clustered).
-    /// Members that need no acknowledgement are answered as soon as the scripts' replies are
-    /// in.
+    /// Members that need no acknowledgement are answered as soon as the calls' replies are
+    /// in. `reloaded`: the composite was just loaded for these members (a second NOSCRIPT is
+    /// theirs, not sent again).
     ///
-    /// Each script is a command of its own, not one of a fred pipeline: fred answers a
+    /// Each call is a command of its own, not one of a fred pipeline: fred answers a
     /// pipeline whose command met a redirection (MOVED, ASK) with that one error and drops the
     /// others' replies, so members whose scripts ran would be told they had been refused, and
     /// send them again. Commands queued together are still written together (fred flushes
     /// once its queue is empty).
-    async fn run(&self, node: Option<&Server>, group: Vec<Member>) {
+    async fn run(&self, node: Option<&Server>, group: Vec<Member>, reloaded: bool) {
         // Pinned: one connection carries the group and its `WAIT`, whatever the slot map
         // says by the time they are routed.
         let options = Options {
@@ -267,48 +287,60 @@ impl Groups {
                 ..wait
             });
         let client = self.redis.with_options(&options);
-        let mut members = Vec::with_capacity(group.len());
-        let mut scripts = Vec::with_capacity(group.len());
-        for mut member in group {
-            let command = CustomCommand::new_static("EVALSHA", hash(member.slot), false);
-            // A pinned member keeps its arguments: if fred had no connection to the node, the
-            // script was never written, and goes again alone (see below).
-            let args = match node {
-                Some(_) => member.command.clone(),
-                None => std::mem::take(&mut member.command),
+        let mut calls = self.calls(group);
+        let mut scripts = Vec::with_capacity(calls.len());
+        for call in calls.iter_mut() {
+            let command = CustomCommand::new_static("EVALSHA", hash(call[0].slot), false);
+            let args = match call.as_mut_slice() {
+                // A pinned member keeps its arguments: if fred had no connection to the node,
+                // the script was never written, and goes again alone (see below).
+                [member] if node.is_some() => member.command.clone(),
+                [member] => std::mem::take(&mut member.command),
+                // The members keep theirs: to go again alone, or in the composite once more.
+                members => self
+                    .composite
+                    .command(members.iter().map(|member| member.command.as_slice())),
             };
             // Boxed one by one as they are made: a fred command future is several KiB, and a
             // `Vec` of them inline (then moved into boxes by `in_order`) put a group's worth of
             // fresh heap (hundreds of KiB under load) through malloc's trimming on every group.
             scripts.push(Box::pin(client.custom::<Value, Value>(command, args)));
-            members.push(member);
         }
         // Each command goes to the router on its future's first poll; `in_order` polls the
-        // scripts in order and `join!` polls them before the `WAIT`: they share the connection
+        // calls in order and `join!` polls them before the `WAIT`: they share the connection
         // in that order, and fred never re-sends any (one attempt), so `WAIT` cannot overtake
-        // a script.
+        // a call.
         let scripts = async {
             let mut replies = in_order(scripts).await.into_iter();
-            let mut acking = Vec::new();
-            let mut unrouted = Vec::new();
-            for member in members {
+            let mut settled = Settled {
+                pinned: node.is_some(),
+                acking: Vec::new(),
+                unrouted: Vec::new(),
+            };
+            let mut reload = Vec::new();
+            for call in calls {
                 let outcome = replies.next().unwrap_or_else(|| {
                     Err(FredError::new(
                         ErrorKind::Protocol,
                         "no reply to the script",
                     ))
                 });
-                match outcome {
-                    // Pinned to a node whose connection is gone (its slot map not yet
-                    // re-read): not written, so not a re-send.
-                    Err(e) if node.is_some() && is_unrouted(&e) => unrouted.push(member),
-                    outcome if member.wait.is_some() => acking.push((member.reply, outcome)),
-                    outcome => {
-                        let _ = member.reply.send((outcome, None));
+                let n = call.len();
+                let call = call.into_iter();
+                match (n, outcome) {
+                    (1, outcome) => call.for_each(|member| settled.add(member, outcome.clone())),
+                    // The composite is not loaded (a restart, `SCRIPT FLUSH`): nothing ran.
+                    (_, Err(e)) if is_noscript(&e) && !reloaded => reload.extend(call),
+                    (n, Ok(reply)) => {
+                        for (member, outcome) in call.zip(split_reply(reply, n)) {
+                            settled.add(member, outcome);
+                        }
                     }
+                    // Refused or lost as a whole: as each member's own call would have been.
+                    (_, Err(e)) => call.for_each(|member| settled.add(member, Err(e.clone()))),
                 }
             }
-            (acking, unrouted)
+            (settled, reload)
         };
         let waited = async {
             match wait {
@@ -319,12 +351,76 @@ impl Groups {
                 None => None,
             }
         };
-        let ((acking, unrouted), waited) = tokio::join!(scripts, waited);
-        for (reply, outcome) in acking {
+        let ((settled, reload), waited) = tokio::join!(scripts, waited);
+        for (reply, outcome) in settled.acking {
             let _ = reply.send((outcome, waited.clone()));
         }
-        if !unrouted.is_empty() {
-            self.run_alone(unrouted).await;
+        if !settled.unrouted.is_empty() {
+            self.run_alone(settled.unrouted).await;
+        }
+        if !reload.is_empty() {
+            tracing::debug!("composite script not loaded; loading it and sending it again");
+            crate::metrics::script_reloaded();
+            match self.composite.script.load(&self.redis).await {
+                // Once more, followed by its own `WAIT`: the group's went before it.
+                Ok(()) => Box::pin(self.run(node, reload, true)).await,
+                Err(e) => {
+                    for member in reload {
+                        let _ = member.reply.send((Err(e.clone()), None));
+                    }
+                }
+            }
+        }
+    }
+
+    /// `group` as the calls that send it: each either one member alone, or several of one
+    /// slot whose scripts the composite holds (at most [`MAX_MEMBERS`]), in one call of it.
+    fn calls(&self, group: Vec<Member>) -> Vec<Vec<Member>> {
+        let mut calls = Vec::with_capacity(group.len());
+        let mut by_slot: Vec<Vec<Member>> = Vec::new();
+        let mut slots: HashMap<Option<u16>, usize> = HashMap::new();
+        for member in group {
+            if self.composite.holds(&member.command) {
+                let at = *slots.entry(member.slot).or_insert_with(|| {
+                    by_slot.push(Vec::new());
+                    by_slot.len() - 1
+                });
+                by_slot[at].push(member);
+            } else {
+                calls.push(vec![member]);
+            }
+        }
+        for mut members in by_slot {
+            while !members.is_empty() {
+                let rest = members.split_off(members.len().min(MAX_MEMBERS));
+                calls.push(std::mem::replace(&mut members, rest));
+            }
+        }
+        calls
+    }
+}
+
+/// The members of a group whose outcome is known, sorted by what is left to do for them.
+struct Settled {
+    /// Whether the group was pinned to a node.
+    pinned: bool,
+    /// Members whose acknowledgement the group's `WAIT` gives, with their outcome.
+    acking: Vec<(oneshot::Sender<Outcome>, Result<Value, FredError>)>,
+    /// Members not sent: pinned to a node whose connection is gone.
+    unrouted: Vec<Member>,
+}
+
+impl Settled {
+    /// Answers `member` with `outcome` now, or sorts it for later.
+    fn add(&mut self, member: Member, outcome: Result<Value, FredError>) {
+        match outcome {
+            // Pinned to a node whose connection is gone (its slot map not yet re-read): not
+            // written, so not a re-send.
+            Err(e) if self.pinned && is_unrouted(&e) => self.unrouted.push(member),
+            outcome if member.wait.is_some() => self.acking.push((member.reply, outcome)),
+            outcome => {
+                let _ = member.reply.send((outcome, None));
+            }
         }
     }
 }

@@ -23,7 +23,7 @@ use fred::prelude::*;
 use redbaton::{Client, Error, FairLock};
 use redisson_peer::FairPeer;
 use support::child::{after_tag, child_arg, spawn_child, test_name, ChildProcess};
-use support::{command_calls, eventually, numsub, RedisServer, RENEWED_LEASE};
+use support::{eventually, numsub, RedisServer, RENEWED_LEASE};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 

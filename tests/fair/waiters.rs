@@ -1,6 +1,7 @@
 //! The queue: waiters that give up leave it at once; try_lock, a silent head, a cluster.
 
 use super::*;
+use support::monitor::ScriptRuns;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reentry_renewal_and_force_unlock() {
@@ -131,21 +132,14 @@ async fn a_cancelled_waiter_leaves_the_queue_at_once() {
     client.shutdown().await.unwrap();
 }
 
-/// How many scripts redbaton ran (EVALSHA; the peer's EVALs are not counted).
-async fn scripts_run(raw: &fred::clients::Client) -> u64 {
-    command_calls(raw)
-        .await
-        .get("evalsha")
-        .copied()
-        .unwrap_or(0)
-}
-
 /// Waits until `n` scripts more than `base` ran: with the holder a peer (no renewals of
 /// ours), each waiter has made its two attempts (queue, then re-check once subscribed) and
-/// is parked until a message or the holder's PTTL.
-async fn parked(raw: &fred::clients::Client, base: u64, n: u64) -> bool {
+/// is parked until a message or the holder's PTTL. Scripts run, not calls: one waiter's
+/// re-check and the next one's first attempt may travel together in one call. (The peer's
+/// EVALs count too; none runs between a test's base and its wait.)
+async fn parked(runs: &ScriptRuns, base: u64, n: u64) -> bool {
     eventually(Duration::from_secs(10), || async {
-        scripts_run(raw).await >= base + n
+        runs.count().await >= base + n
     })
     .await
 }
@@ -154,16 +148,17 @@ async fn parked(raw: &fred::clients::Client, base: u64, n: u64) -> bool {
 async fn a_waiter_ended_by_an_error_leaves_the_queue() {
     let server = RedisServer::start();
     let raw = server.raw().await;
+    let runs = ScriptRuns::start(&server, &raw).await;
     let client = client(&server).await;
     let lock = client.fair_lock("fair-error");
     let holder = FairPeer::new(&server.url(), "fair-error").await;
     assert_eq!(holder.try_lock(1, 60_000, 300_000).await, None);
-    let base = scripts_run(&raw).await;
+    let base = runs.count().await;
     let (w1, failing) = spawn_as(&lock, |lock| async move { lock.lock().await.map(drop) }).await;
     assert!(queue_becomes(&raw, &lock, &[&w1]).await);
     let (w2, w2_task) = spawn_lock_taker(&lock).await;
     assert!(queue_becomes(&raw, &lock, &[&w1, &w2]).await);
-    assert!(parked(&raw, base, 4).await);
+    assert!(parked(&runs, base, 4).await);
 
     // The key loses its expiry (no longer a lock), and w1 is woken to look.
     let _: bool = raw.persist("fair-error").await.unwrap();
@@ -191,16 +186,17 @@ async fn a_waiter_ended_by_an_error_leaves_the_queue() {
 async fn a_head_that_gives_up_on_a_free_lock_wakes_the_next() {
     let server = RedisServer::start();
     let raw = server.raw().await;
+    let runs = ScriptRuns::start(&server, &raw).await;
     let client = client(&server).await;
     let lock = client.fair_lock("fair-free-head");
     let holder = FairPeer::new(&server.url(), "fair-free-head").await;
     assert_eq!(holder.try_lock(1, 60_000, 300_000).await, None);
-    let base = scripts_run(&raw).await;
+    let base = runs.count().await;
     let (w1, head) = spawn_lock_taker(&lock).await;
     assert!(queue_becomes(&raw, &lock, &[&w1]).await);
     let (w2, taker) = spawn_lock_taker(&lock).await;
     assert!(queue_becomes(&raw, &lock, &[&w1, &w2]).await);
-    assert!(parked(&raw, base, 4).await);
+    assert!(parked(&runs, base, 4).await);
 
     // The lock goes away without a message: w1 is next, but parked on the holder's lease.
     let _: i64 = raw.del("fair-free-head").await.unwrap();
@@ -223,14 +219,15 @@ async fn a_head_that_gives_up_on_a_free_lock_wakes_the_next() {
 async fn try_lock_never_queues_nor_jumps_the_queue() {
     let server = RedisServer::start();
     let raw = server.raw().await;
+    let runs = ScriptRuns::start(&server, &raw).await;
     let client = client(&server).await;
     let lock = client.fair_lock("fair-try");
     let holder = FairPeer::new(&server.url(), "fair-try").await;
     assert_eq!(holder.try_lock(1, 60_000, 300_000).await, None);
-    let base = scripts_run(&raw).await;
+    let base = runs.count().await;
     let (w1, head) = spawn_lock_taker(&lock).await;
     assert!(queue_becomes(&raw, &lock, &[&w1]).await);
-    assert!(parked(&raw, base, 2).await);
+    assert!(parked(&runs, base, 2).await);
     let (_, tried) = spawn_as(&lock, |lock| async move { lock.try_lock().await.unwrap() }).await;
     assert!(tried.await.unwrap().is_none());
     assert_eq!(
@@ -256,6 +253,7 @@ async fn a_waiter_behind_a_silent_head_parks_instead_of_spinning() {
     // ours must park instead (until the head's timeout, at most one watchdog lease).
     let server = RedisServer::start();
     let raw = server.raw().await;
+    let runs = ScriptRuns::start(&server, &raw).await;
     let client = Client::builder()
         .url(server.url())
         .watchdog_lease(Duration::from_secs(3))
@@ -267,19 +265,19 @@ async fn a_waiter_behind_a_silent_head_parks_instead_of_spinning() {
     let peer = FairPeer::new(&server.url(), "silent-head").await;
     assert_eq!(peer.try_lock(9, 3_000, 300_000).await, None);
     assert!(peer.try_lock(1, 3_000, 300_000).await.is_some());
-    let base = scripts_run(&raw).await;
+    let base = runs.count().await;
     let (ours, taker) = spawn_lock_taker(&lock).await;
     assert!(queue_becomes(&raw, &lock, &[&peer.lock_name(1), &ours]).await);
-    assert!(parked(&raw, base, 2).await);
+    assert!(parked(&runs, base, 2).await);
 
     // Released: the silent head is woken but never comes; the lock stays free with it as
     // head. Ours tries again once its park (the holder's PTTL, under 3 s) ends, and parks.
     assert_eq!(peer.unlock(9).await, Some(1));
-    let released = scripts_run(&raw).await;
-    assert!(parked(&raw, released, 1).await, "ours tries again");
-    let before = scripts_run(&raw).await;
+    let released = runs.count().await;
+    assert!(parked(&runs, released, 1).await, "ours tries again");
+    let before = runs.count().await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let after = scripts_run(&raw).await;
+    let after = runs.count().await;
     assert!(
         after - before <= 5,
         "{} scripts in 2 s: the waiter spins",

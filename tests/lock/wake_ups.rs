@@ -1,7 +1,7 @@
 //! Wake-ups: by the unlock message, one per process, only once subscribed, passed on.
 
 use super::*;
-use crate::support::monitor::{self, Monitor};
+use crate::support::monitor::{self, Monitor, ScriptRuns};
 
 /// A client whose watchdog renews only every 100 s, so that renewal scripts stay out of
 /// EVALSHA counts taken over a few seconds.
@@ -93,8 +93,9 @@ async fn an_unlock_wakes_one_waiter_per_process_not_all() {
     let holder = rarely_renewing_client(&server).await;
     let waiters = rarely_renewing_client(&server).await;
     let guard = holder.lock("wake-one").lock().await.unwrap();
-    let evalsha = |calls: HashMap<String, u64>| calls.get("evalsha").copied().unwrap_or(0);
-    let base = evalsha(command_calls(&raw).await);
+    // Scripts run, not calls: attempts issued together travel in one call.
+    let runs = ScriptRuns::start(&server, &raw).await;
+    let base = runs.count().await;
     let (acquired_tx, mut acquired_rx) = tokio::sync::mpsc::unbounded_channel();
     let mut tasks = Vec::new();
     for _ in 0..10 {
@@ -112,22 +113,22 @@ async fn an_unlock_wakes_one_waiter_per_process_not_all() {
     // nothing more reaches the server.
     assert!(
         eventually(Duration::from_secs(15), || async {
-            evalsha(command_calls(&raw).await) >= base + 10
+            runs.count().await >= base + 10
         })
         .await,
         "every waiter made its first attempt"
     );
     let quiet = Duration::from_millis(500);
     let bound = Duration::from_secs(15);
-    let before = support::settled_calls(&raw, "evalsha", quiet, bound).await;
+    let before = runs.settled(quiet, bound).await;
     guard.unlock().await.unwrap();
     tokio::time::timeout(Duration::from_secs(10), acquired_rx.recv())
         .await
         .expect("one waiter is woken")
         .unwrap();
-    let after = support::settled_calls(&raw, "evalsha", quiet, bound).await;
+    let after = runs.settled(quiet, bound).await;
     // The holder's unlock and the woken waiter's winning attempt; a wake-all would add nine.
-    assert_eq!(after - before, 2, "evalsha calls after one release");
+    assert_eq!(after - before, 2, "scripts run after one release");
     assert!(acquired_rx.try_recv().is_err(), "only one waiter holds it");
     for t in &tasks {
         t.abort();

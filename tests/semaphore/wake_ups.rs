@@ -1,35 +1,20 @@
 //! Wake-ups: as many waiters as permits appeared, across processes, to one that can use it.
 
 use super::*;
+use support::monitor::ScriptRuns;
 
-async fn evalsha_calls(raw: &fred::clients::Client) -> u64 {
-    command_calls(raw)
-        .await
-        .get("evalsha")
-        .copied()
-        .unwrap_or(0)
-}
-
-/// Waits until the server saw no EVALSHA for `quiet` (at least `min` in all): the waiters
-/// made their attempts and parked.
-async fn wait_quiet(raw: &fred::clients::Client, min: u64, quiet: Duration) -> u64 {
-    let start = Instant::now();
-    let mut last = evalsha_calls(raw).await;
-    let mut since = Instant::now();
-    loop {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "waiters never settled"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        let now = evalsha_calls(raw).await;
-        if now != last {
-            last = now;
-            since = Instant::now();
-        } else if now >= min && since.elapsed() >= quiet {
-            return now;
-        }
-    }
+/// Waits until the server ran at least `min` scripts, then none for `quiet`: the waiters made
+/// their attempts and parked. Scripts run, not calls: scripts issued together travel in one
+/// call.
+async fn wait_quiet(runs: &ScriptRuns, min: u64, quiet: Duration) -> u64 {
+    let bound = Duration::from_secs(30);
+    let reached = eventually(bound, || async { runs.count().await >= min }).await;
+    assert!(
+        reached,
+        "waiters never settled: {} of {min} scripts",
+        runs.count().await
+    );
+    runs.settled(quiet, bound).await
 }
 
 #[tokio::test]
@@ -38,6 +23,7 @@ async fn a_release_wakes_exactly_as_many_waiters_as_permits_appeared() {
     // them (not one, not all five), by message: their recheck timer is two minutes.
     let server = RedisServer::start();
     let raw = server.raw().await;
+    let runs = ScriptRuns::start(&server, &raw).await;
     let waiters = client(&server.url()).await;
     let releaser = client(&server.url()).await;
     let sem = waiters
@@ -45,7 +31,7 @@ async fn a_release_wakes_exactly_as_many_waiters_as_permits_appeared() {
         .with_recheck_interval(NO_RECHECK)
         .unwrap();
     assert!(sem.try_set_permits(0).await.unwrap());
-    let before = evalsha_calls(&raw).await;
+    let before = runs.count().await;
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let mut tasks = Vec::new();
     for i in 0..5 {
@@ -61,7 +47,7 @@ async fn a_release_wakes_exactly_as_many_waiters_as_permits_appeared() {
         })
         .await
     );
-    let parked = wait_quiet(&raw, before + 5, Duration::from_secs(1)).await;
+    let parked = wait_quiet(&runs, before + 5, Duration::from_secs(1)).await;
 
     let released_at = Instant::now();
     releaser.semaphore("wake").release(2).await.unwrap();
@@ -72,11 +58,11 @@ async fn a_release_wakes_exactly_as_many_waiters_as_permits_appeared() {
             .unwrap();
     }
     assert!(released_at.elapsed() < NO_RECHECK / 4, "not by the timer");
-    let after = wait_quiet(&raw, parked + 3, Duration::from_millis(700)).await;
+    let after = wait_quiet(&runs, parked + 3, Duration::from_millis(700)).await;
     assert!(rx.try_recv().is_err(), "two permits, two holders");
     // The release, and one attempt by each of the two woken waiters: the other three were
     // not woken (a wake-all would add three attempts; a wake-one could not give two holders).
-    assert_eq!(after - parked, 3, "EVALSHAs after release(2)");
+    assert_eq!(after - parked, 3, "scripts run after release(2)");
     assert_eq!(sem.available_permits().await.unwrap(), 0);
 
     releaser.semaphore("wake").release(3).await.unwrap();
@@ -134,6 +120,7 @@ async fn waiters_across_processes_are_woken_by_releases() {
 async fn a_released_permit_reaches_the_waiter_that_can_use_it(same_client: bool) {
     let server = RedisServer::start();
     let raw = server.raw().await;
+    let runs = ScriptRuns::start(&server, &raw).await;
     let big_client = client(&server.url()).await;
     let other = match same_client {
         true => None,
@@ -147,15 +134,15 @@ async fn a_released_permit_reaches_the_waiter_that_can_use_it(same_client: bool)
     };
     assert!(sem(&big_client).try_set_permits(0).await.unwrap());
 
-    let before = evalsha_calls(&raw).await;
+    let before = runs.count().await;
     let big = sem(&big_client);
     let big_task = tokio::spawn(async move { big.acquire(2).await.map(SemaphorePermit::forget) });
     // Parked before the smaller request comes: first in its process's line for a wake-up.
-    let parked = wait_quiet(&raw, before + 1, Duration::from_millis(500)).await;
+    let parked = wait_quiet(&runs, before + 1, Duration::from_millis(500)).await;
     let small = sem(small_client);
     let small_task =
         tokio::spawn(async move { small.acquire(1).await.map(SemaphorePermit::forget) });
-    wait_quiet(&raw, parked + 1, Duration::from_millis(500)).await;
+    wait_quiet(&runs, parked + 1, Duration::from_millis(500)).await;
     let subscribers = if same_client { 1 } else { 2 };
     assert!(
         eventually(Duration::from_secs(10), || async {

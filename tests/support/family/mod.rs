@@ -78,6 +78,7 @@ use fred::types::CustomCommand;
 use redbaton::{Client, Error, Result};
 use tokio::time::Instant;
 
+use crate::support::monitor::ScriptRuns;
 use crate::support::{command_calls, eventually, script_calls, RedisServer, RENEWED_LEASE};
 
 /// Implements [`AnyGuard`], [`AnyLock`] and [`Family`] for a kind with `Lock`'s method set.

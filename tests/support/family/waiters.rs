@@ -93,6 +93,8 @@ pub async fn wake_one_or_all<K: Family>() {
     const WAITERS: usize = 5;
     let server = RedisServer::start();
     let raw = server.raw().await;
+    // Scripts run, not calls: the woken waiters' attempts may travel together in one call.
+    let runs = ScriptRuns::start(&server, &raw).await;
     let holder = client(&server).await;
     let waiters = client(&server).await;
     let kind = K::KIND;
@@ -115,7 +117,9 @@ pub async fn wake_one_or_all<K: Family>() {
         })
         .await
     );
-    let before = quiet_script_calls(&raw).await;
+    let before = runs
+        .settled(Duration::from_millis(400), Duration::from_secs(10))
+        .await;
     rival.unlock().await.unwrap();
     let expected_holders = if K::EXCLUSIVE { 1 } else { WAITERS };
     for n in 0..expected_holders {
@@ -123,7 +127,9 @@ pub async fn wake_one_or_all<K: Family>() {
             .await
             .unwrap_or_else(|_| panic!("{kind}: only {n} waiters were woken and entered"));
     }
-    let after = quiet_script_calls(&raw).await;
+    let after = runs
+        .settled(Duration::from_millis(400), Duration::from_secs(10))
+        .await;
     let attempts = after - before - 1;
     // `All` also leaves one wake-up stored for a waiter that was busy with an attempt when
     // the message came (it must re-check, or it would miss the release): when the waiters
