@@ -63,20 +63,23 @@ impl Composite {
             .is_some_and(|sha| self.shas.contains(sha.as_ref()))
     }
 
+    /// Whether the `EVALSHA` arguments `a` and `b` name a key in common. Two such scripts never
+    /// share a call: Redis checks a call's keys once, before it runs, so a key an earlier
+    /// member deleted would meet a later member inside the call — on a node whose slot is
+    /// migrating, that is an error (`Script attempted to access a non local key`) where the
+    /// later script sent alone would have been redirected (ASK) before it ran.
+    pub(crate) fn share_a_key(a: &[Value], b: &[Value]) -> bool {
+        let (a, _) = split(a);
+        let (b, _) = split(b);
+        a.iter().any(|key| b.contains(key))
+    }
+
     /// The composite's `EVALSHA` arguments for `commands` (each an `EVALSHA`'s arguments of a
     /// script it holds: sha, numkeys, keys..., args...).
     pub(crate) fn command<'a>(
         &self,
         commands: impl Iterator<Item = &'a [Value]> + Clone,
     ) -> Vec<Value> {
-        let split = |command: &'a [Value]| {
-            let nkeys = command
-                .get(1)
-                .and_then(Value::as_i64)
-                .map_or(0, |n| n.max(0) as usize)
-                .min(command.len().saturating_sub(2));
-            (&command[2..2 + nkeys], &command[2 + nkeys..])
-        };
         let mut args = vec![Value::from(self.script.sha1().clone()), Value::from(0)];
         let mut nkeys = 0;
         for command in commands.clone() {
@@ -94,6 +97,16 @@ impl Composite {
         }
         args
     }
+}
+
+/// An `EVALSHA`'s arguments (sha, numkeys, keys..., args...) as its keys and its arguments.
+fn split(command: &[Value]) -> (&[Value], &[Value]) {
+    let nkeys = command
+        .get(1)
+        .and_then(Value::as_i64)
+        .map_or(0, |n| n.max(0) as usize)
+        .min(command.len().saturating_sub(2));
+    (&command[2..2 + nkeys], &command[2 + nkeys..])
 }
 
 /// Each of `members` members' outcome from the composite's `reply`: the reply, or the error,
