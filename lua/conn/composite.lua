@@ -1,4 +1,4 @@
--- Runs several of the crate's scripts in one call: a group's members of one slot (see
+-- Runs several of the crate's scripts in one call: a group's members (see
 -- src/conn/composite.rs, which puts `local function script_of(sha)` above this text: it
 -- returns the crate's script of that SHA1 as `function(KEYS, ARGV) <its text> end`; the
 -- parameters shadow the globals the text reads, so each runs as if called alone).

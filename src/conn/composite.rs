@@ -1,7 +1,8 @@
-//! The composite script: several of a group's scripts of one slot in one call.
+//! The composite script: several of a group's scripts in one call (on a server that is not a
+//! cluster: see `Groups::calls`).
 //!
 //! A group's members each cost the server a call of their own (and fred a command of its
-//! own); members of one slot can share one: the composite holds the text of every script of
+//! own); they can share one: the composite holds the text of every script of
 //! the crate that can travel in a group, each as a Lua function keyed by its SHA1, and runs
 //! the members it is given one after the other (see `lua/conn/composite.lua` for the call's
 //! layout and reply). Each member's keys, effects, publishes and reply are those of its own

@@ -22,8 +22,8 @@
 //! (no hop to another: the uncontended path costs what it did); every later group runs in a
 //! task of its own, so a caller that stops waiting cancels no one else's script.
 //!
-//! A group's members of one slot (on a client that is not clustered: all of them) whose
-//! scripts the [`Composite`] holds go as one call of it, up to [`MAX_MEMBERS`] a call: one
+//! On a server that is not a cluster, a group's members whose scripts the [`Composite`] holds
+//! go as one call of it (see [`Groups::calls`]), up to [`MAX_MEMBERS`] a call: one
 //! command for fred and one script call for the server instead of one each. Each member is
 //! answered its own script's reply or error, as if it had gone alone. A refusal of the whole
 //! call (a redirection) or its loss (a broken connection) is every member's, as it would have
@@ -79,7 +79,7 @@ pub(crate) struct Groups {
     /// A node (`None`: the one node of a client that is not clustered) has an entry exactly
     /// while a group of it is in flight: the scripts issued meanwhile, its next group.
     queues: Mutex<HashMap<Option<Server>, Vec<Member>>>,
-    /// The script that runs several members of one slot in one call.
+    /// The script that runs several members in one call.
     composite: &'static Composite,
 }
 
@@ -373,10 +373,14 @@ impl Groups {
         }
     }
 
-    /// `group` as the calls that send it: each either one member alone, or several of one
-    /// slot whose scripts the composite holds (at most [`MAX_MEMBERS`], no two naming the same
-    /// key: see [`Composite::share_a_key`]), in one call of it. Members of one slot keep their
-    /// order, across calls too.
+    /// `group` as the calls that send it: each either one member alone, or several whose
+    /// scripts the composite holds (at most [`MAX_MEMBERS`], no two naming the same key: see
+    /// [`Composite::share_a_key`]), in one call of it, in their order.
+    ///
+    /// Only on a server that is not a cluster. On a cluster a slot can be migrating, and Redis
+    /// answers a call on several keys of a migrating slot with TRYAGAIN as soon as one of them
+    /// has left: one absent key would hold back every member whose key is still there, which
+    /// sent alone would run at once.
     fn calls(&self, group: Vec<Member>) -> Vec<Vec<Member>> {
         calls(self.composite, group)
     }
@@ -385,11 +389,9 @@ impl Groups {
 /// [`Groups::calls`]'s work.
 fn calls(composite: &Composite, group: Vec<Member>) -> Vec<Vec<Member>> {
     let mut calls = Vec::with_capacity(group.len());
-    let mut by_slot: Vec<Vec<Member>> = Vec::new();
-    // Each slot's call still taking members, as its index in `by_slot`.
-    let mut open: HashMap<Option<u16>, usize> = HashMap::new();
+    let mut composed: Vec<Vec<Member>> = Vec::new();
     for member in group {
-        if !composite.holds(&member.command) {
+        if member.slot.is_some() || !composite.holds(&member.command) {
             calls.push(vec![member]);
             continue;
         }
@@ -399,17 +401,12 @@ fn calls(composite: &Composite, group: Vec<Member>) -> Vec<Vec<Member>> {
                     .iter()
                     .any(|m| Composite::share_a_key(&m.command, &member.command))
         };
-        let at = match open.get(&member.slot) {
-            Some(&at) if fits(&by_slot[at]) => at,
-            _ => {
-                by_slot.push(Vec::new());
-                open.insert(member.slot, by_slot.len() - 1);
-                by_slot.len() - 1
-            }
-        };
-        by_slot[at].push(member);
+        match composed.last_mut() {
+            Some(call) if fits(call) => call.push(member),
+            _ => composed.push(vec![member]),
+        }
     }
-    calls.extend(by_slot);
+    calls.extend(composed);
     calls
 }
 
@@ -492,9 +489,9 @@ mod tests {
     crate::conn::lua_script!(ACQUIRE, "lock/acquire.lua");
     crate::conn::lua_script!(RELEASE, "lock/release.lua");
 
-    fn member(script: &LuaScript, slot: u16, key: &str) -> Member {
+    fn member(script: &LuaScript, slot: Option<u16>, key: &str) -> Member {
         Member {
-            slot: Some(slot),
+            slot,
             command: vec![
                 Value::from(script.sha1().clone()),
                 Value::from(1),
@@ -517,33 +514,43 @@ mod tests {
             .collect()
     }
 
-    /// A release of `a` and the next acquire of `a` go in two calls, in that order (in one, the
-    /// acquire would meet the key the release deleted inside the call: on a migrating slot,
-    /// "Script attempted to access a non local key", as a stress run of
-    /// `migration_churn_under_contention_loses_no_release` met); other keys of the slot share
-    /// the first call, and another slot has its own.
+    /// A release of `a` and the next acquire of `a` go in two calls, in that order: in one,
+    /// Redis would have checked the keys before the release deleted `a` (on a cluster's
+    /// migrating slot the acquire then met "Script attempted to access a non local key", as a
+    /// stress run of `migration_churn_under_contention_loses_no_release` did when clusters
+    /// composed). Other keys share the calls.
     #[test]
     fn members_naming_one_key_go_in_separate_calls_in_order() {
         let composite = Composite::new(&[&ACQUIRE, &RELEASE]);
         let group = vec![
-            member(&RELEASE, 1, "a"),
-            member(&ACQUIRE, 1, "b"),
-            member(&ACQUIRE, 1, "a"),
-            member(&ACQUIRE, 2, "c"),
-            member(&ACQUIRE, 1, "d"),
-            member(&RELEASE, 1, "a"),
+            member(&RELEASE, None, "a"),
+            member(&ACQUIRE, None, "b"),
+            member(&ACQUIRE, None, "a"),
+            member(&ACQUIRE, None, "d"),
+            member(&RELEASE, None, "a"),
         ];
         assert_eq!(
             keys(&calls(&composite, group)),
-            vec![vec!["a", "b"], vec!["a", "d"], vec!["c"], vec!["a"]]
+            vec![vec!["a", "b"], vec!["a", "d"], vec!["a"]]
         );
+    }
+
+    /// On a cluster every member goes alone (a migrating slot would hold a whole call back).
+    #[test]
+    fn a_clusters_members_go_alone() {
+        let composite = Composite::new(&[&ACQUIRE]);
+        let group = vec![
+            member(&ACQUIRE, Some(1), "a"),
+            member(&ACQUIRE, Some(1), "b"),
+        ];
+        assert_eq!(keys(&calls(&composite, group)), vec![vec!["a"], vec!["b"]]);
     }
 
     #[test]
     fn a_call_carries_at_most_max_members() {
         let composite = Composite::new(&[&ACQUIRE]);
         let group = (0..MAX_MEMBERS + 1)
-            .map(|i| member(&ACQUIRE, 1, &format!("k{i}")))
+            .map(|i| member(&ACQUIRE, None, &format!("k{i}")))
             .collect();
         let sizes: Vec<usize> = calls(&composite, group).iter().map(Vec::len).collect();
         assert_eq!(sizes, vec![MAX_MEMBERS, 1]);
