@@ -475,10 +475,17 @@ impl<K: Kind> Attempts for LockAttempts<K> {
         let field = self.field();
         if K::PASSES && self.baton().is_some() {
             let (channel, _) = self.kind.channel(&field);
-            if named.client.hub.held_against(&channel, &named.key, &field) {
-                // A hold of this client handed on in memory has the lock: Redis would refuse.
-                // Parked briefly, so a hold lost unnoticed is asked about in Redis soon.
-                let refused = Ok(Try::Busy(HELD_HERE_RECHECK_MS));
+            let held_recheck = Duration::from_millis(HELD_HERE_RECHECK_MS);
+            let refusal =
+                named
+                    .client
+                    .hub
+                    .refusal(&channel, &named.key, &field, held_recheck, self.fresh);
+            if let Some(park) = refusal {
+                // A hold of this client handed on in memory has the lock (Redis would refuse:
+                // parked briefly, so a hold lost unnoticed is asked about in Redis soon), or
+                // the lock is left to another client's waiter for now.
+                let refused = Ok(Try::Busy(park.as_millis().max(1) as u64));
                 return Either::Left(std::future::ready(refused));
             }
         }
@@ -573,12 +580,18 @@ async fn attempt<K: Kind>(
             match failed {
                 Failed::MaybeRan(_) => settle(conn.clone(), turn),
                 Failed::Unreplicated { reply, .. } => {
-                    // Taken on the primary only: it does not count. Undo it (the owner's
-                    // count goes back; a fresh hold ends any stale one), then report it.
+                    // Taken on the primary only: it does not count. Refused at once and undone
+                    // in the background (the owner's count goes back; a fresh hold ends any
+                    // stale one): on this connection the undo would queue behind the next
+                    // group's `WAIT`, and the caller would pay a second acknowledgement
+                    // timeout (invariant 15). The undo keeps the owner's turn, so the
+                    // caller's next attempt comes after it.
                     if let Ok(Reply::Acquired { count, .. }) = kind.decode(reply) {
                         turn.note_count(count);
                     }
-                    undo_acquire(conn.clone(), turn, ops, field, named.name().to_owned()).await;
+                    let undo =
+                        undo_acquire(conn.clone(), turn, ops, field, named.name().to_owned());
+                    conn.runtime().spawn(undo);
                 }
                 Failed::NotRun(_) => {}
             }
@@ -599,6 +612,15 @@ async fn attempt<K: Kind>(
                 turn.note_count(count);
                 undo_acquire(conn.clone(), turn, ops, field, named.name().to_owned()).await;
                 return Err(Error::ShutDown);
+            }
+            if turn.ended_before_reply(count, lease, sent_at) {
+                // Lost before it arrived: released, and tried again within the caller's
+                // wait (invariant 18). Redis started its lease when the script ran, so it
+                // would otherwise keep the lock from everyone until then.
+                tracing::debug!(lock = %named.name(), waited = ?sent_at.elapsed(), "acquired after the lease's end by the local clock; releasing it");
+                turn.note_count(count);
+                undo_acquire(conn.clone(), turn, ops, field, named.name().to_owned()).await;
+                return Ok(Try::Busy(0));
             }
             let registered = turn.acquired(count, lease, sent_at);
             if count > i64::from(turn.accounted()) && turn.entry().is_own() {

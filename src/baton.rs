@@ -37,19 +37,32 @@
 //! ([`Turn::hand_on`](crate::holds::Turn::hand_on)). So the field travels with the hold: the
 //! new holder's scope is the field's owner number, its re-entry `HINCRBY`s the field Redis
 //! has, and a Redisson peer sees one valid hold throughout. The waiter's own fresh number is
-//! simply never used (numbers are never reused, so nothing else can name it), and no scope
-//! of the previous holder can re-enter: a scope lives only while its guard is borrowed, and
-//! the guard was released.
+//! simply never used (numbers are never reused, so nothing else can name it).
+//!
+//! Since the field stays, nothing that still names it may re-enter once the hold has moved on
+//! (invariant 16, docs/DESIGN.md). A scope frame cannot: a scope is read at every poll of the
+//! future inside it ([`crate::scope::within`]), so only code polled inside the hold's `run` —
+//! which borrows the guard, so the hold cannot move meanwhile — sees it, however far a future
+//! first polled there travels afterwards. An owner string can, in any process: so a hold
+//! whose owner was given out — read from its guard or lock handle, or named explicitly with
+//! `with_owner` — is never handed on in memory; its release passes the lock with the pass
+//! script, which writes the next holder's own field.
 //!
 //! It is refused — and the release takes its ordinary path (the pass script, or a release)
 //! — when the hold is lost or about to be (less than half the watchdog lease left, or less
-//! than a fixed lease the waiter asks for), or when the client is shutting down. It counts in
-//! the run of [`Config::baton_passes`](crate::Config::baton_passes), and a run of hand-offs
-//! also ends after [`LOCAL_RUN_FOR`]: then the release is an ordinary one (delete and unlock
-//! message). Other clients' waiters are learnt off the hot path: a hand-off starts a count of
-//! the channel's subscribers in the background when the last is older than
-//! [`COUNT_EVERY`]; one that finds another subscriber than this client's own makes the next
-//! releases ordinary ones, as the pass script's finding does.
+//! than a fixed lease the waiter asks for), when its owner was given out, when an unlock
+//! message came on the lock's channel since Redis last confirmed the hold (a force-unlock by
+//! another client publishes one: the run ends at once, and the watchdog checks the hold
+//! handed on last right away, so its holder is told within a round trip), or when the client
+//! is shutting down. It counts in the run of
+//! [`Config::baton_passes`](crate::Config::baton_passes), and a run of hand-offs also ends
+//! after [`LOCAL_RUN_FOR`]: then the release is an ordinary one (delete and unlock message).
+//! Other clients' waiters are learnt off the hot path: a hand-off starts a count of the
+//! channel's subscribers in the background when the last is older than [`COUNT_EVERY`]; one
+//! that finds another subscriber than this client's own makes the next releases ordinary
+//! ones, as the pass script's finding does — and after each of those, this client's tasks stay
+//! out of the lock for [`YIELD_TO_OTHERS`], so the other client's waiter, woken one hop
+//! further away, gets in instead of losing every race to them.
 //!
 //! While a hold handed on in memory is held, an acquire by another owner of this client (a
 //! task that just handed it on, queuing again) is refused without asking Redis, which would
@@ -75,6 +88,13 @@ use crate::holds::Entry;
 /// and so is everyone here), so passing is not worth its costs meanwhile — a claimed waiter
 /// sits out the release's round trip, and the script counts the channel's subscribers.
 const ORDINARY_AFTER_ANOTHER_CLIENT: u32 = 8;
+
+/// How long this client's tasks stay out of a lock after a release made the ordinary way
+/// because another client waits: that client's waiter is woken by the unlock message, one hop
+/// further than this client's own, and would otherwise lose every race to them (invariant 16:
+/// a waiter of another process gets in within a bound). A waiter that does not come within
+/// it (it left) costs the lock this long idle.
+pub(crate) const YIELD_TO_OTHERS: Duration = Duration::from_millis(20);
 
 /// How long a run of local hand-offs lasts at most before an ordinary release: the bound that
 /// serves another process's waiter this client cannot know of (one polling without
@@ -103,6 +123,12 @@ pub(crate) struct Queue {
     /// The hold last handed on in memory, and its generation: while it is held, an acquire of
     /// another owner of this client is refused without asking Redis.
     handed: Mutex<Option<(Arc<Entry>, u64)>>,
+    /// When the last unlock message came on the channel: a hold Redis has not confirmed since
+    /// may have been force-unlocked, and is not handed on in memory.
+    unlock_heard: Mutex<Option<Instant>>,
+    /// Until when this client's tasks leave the lock to another client's waiter (see
+    /// [`YIELD_TO_OTHERS`]).
+    yield_until: Mutex<Option<Instant>>,
 }
 
 impl Queue {
@@ -124,18 +150,58 @@ impl Queue {
         self.ordinary.store(ORDINARY_AFTER_ANOTHER_CLIENT, Relaxed);
     }
 
+    /// A release made the ordinary way because another client waits: this client's tasks
+    /// leave the lock to it for [`YIELD_TO_OTHERS`].
+    fn yield_to_others(&self) {
+        *self.yield_until.lock() = Some(Instant::now() + YIELD_TO_OTHERS);
+    }
+
     /// Whether releases are ordinary ones for now because another client was found waiting.
     pub(crate) fn other_clients_wait(&self) -> bool {
         self.ordinary.load(Relaxed) > 0
     }
 
-    /// Whether this client holds the key now under a field other than `field`, through a
-    /// hold handed on in memory: Redis would refuse `field`'s acquire.
-    pub(crate) fn held_against(&self, field: &str) -> bool {
+    /// Whether an acquire of `field` is to be refused without asking Redis, and for how long
+    /// its waiter parks then: this client holds the key under another field, through a hold
+    /// handed on in memory (Redis would refuse it too), or it leaves the lock to another
+    /// client's waiter for now (see [`YIELD_TO_OTHERS`]) and the acquire is a `fresh` owner's
+    /// (a re-entry of a hold is never held back).
+    pub(crate) fn refusal(
+        &self,
+        field: &str,
+        held_recheck: Duration,
+        fresh: bool,
+    ) -> Option<Duration> {
+        let held = {
+            let handed = self.handed.lock();
+            handed
+                .as_ref()
+                .is_some_and(|(entry, generation)| entry.held_against(*generation, field))
+        };
+        if held {
+            return Some(held_recheck);
+        }
+        if !fresh {
+            return None;
+        }
+        let until = (*self.yield_until.lock())?;
+        let left = until.saturating_duration_since(Instant::now());
+        (!left.is_zero()).then_some(left)
+    }
+
+    /// An unlock message came on the channel. Returns the hold handed on in memory, if it is
+    /// held now: Redis may no longer have it (see [`Holds::doubt`](crate::holds::Holds::doubt)).
+    pub(crate) fn unlock_heard(&self) -> Option<(Arc<Entry>, u64)> {
+        *self.unlock_heard.lock() = Some(Instant::now());
+        self.held_handed()
+    }
+
+    fn held_handed(&self) -> Option<(Arc<Entry>, u64)> {
         let handed = self.handed.lock();
         handed
             .as_ref()
-            .is_some_and(|(entry, generation)| entry.held_against(*generation, field))
+            .filter(|(entry, generation)| entry.is_held(*generation))
+            .cloned()
     }
 
     /// Claims the first parked waiter. It keeps its place until it leaves, so a withdrawn
@@ -143,6 +209,7 @@ impl Queue {
     pub(crate) fn claim(self: &Arc<Self>) -> Option<Claim> {
         let skip = |n: u32| n.checked_sub(1);
         if self.ordinary.fetch_update(Relaxed, Relaxed, skip).is_ok() {
+            self.yield_to_others();
             return None;
         }
         let (id, baton) = self.entries.lock().claim()?;
@@ -177,6 +244,7 @@ impl Claim {
     /// The next few releases are ordinary too.
     pub(crate) fn another_client_waits(self) {
         self.queue.another_client_waits();
+        self.queue.yield_to_others();
         self.withdraw();
     }
 
@@ -190,6 +258,11 @@ impl Claim {
         }
         *counted_at = Some(now);
         Some(self.queue.clone())
+    }
+
+    /// When the last unlock message came on the lock's channel.
+    pub(crate) fn unlock_heard(&self) -> Option<Instant> {
+        *self.queue.unlock_heard.lock()
     }
 
     /// Notes the hold (`entry`, `generation`) handed on in memory to the claimed waiter.

@@ -237,24 +237,24 @@ impl Client {
             let _ = conn.redis().quit().await;
             return Err(connect_error(e));
         }
-        let subscriber = builder.build_subscriber_client().map_err(connect_error)?;
-        let hub =
-            match tokio::time::timeout(init_timeout, Hub::start(subscriber, config.pubsub)).await {
-                Ok(Ok(hub)) => hub,
-                Ok(Err(e)) => {
-                    let _ = conn.redis().quit().await;
-                    return Err(connect_error(e));
-                }
-                Err(_) => {
-                    let _ = conn.redis().quit().await;
-                    return Err(connect_timed_out());
-                }
-            };
-
         let id: Arc<str> = uuid::Uuid::new_v4().to_string().into();
         let metrics = ClientMetrics::new(config.metrics_label_names);
         let holds = Holds::new(id.clone(), config.watchdog_lease, metrics);
-        let watchdog = Watchdog::start(conn.clone(), holds.clone());
+        let subscriber = builder.build_subscriber_client().map_err(connect_error)?;
+        let started = Hub::start(subscriber, config.pubsub, holds.clone());
+        let hub = match tokio::time::timeout(init_timeout, started).await {
+            Ok(Ok(hub)) => hub,
+            Ok(Err(e)) => {
+                let _ = conn.redis().quit().await;
+                return Err(connect_error(e));
+            }
+            Err(_) => {
+                let _ = conn.redis().quit().await;
+                return Err(connect_timed_out());
+            }
+        };
+
+        let watchdog = Watchdog::start(conn.clone(), holds.clone(), config.lease_check_interval);
         let inner = Arc::new(ClientInner {
             id,
             conn,

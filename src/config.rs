@@ -16,8 +16,18 @@ pub const DEFAULT_FAIR_LOCK_WAIT: Duration = Duration::from_secs(300);
 /// [`Config::baton_passes`]).
 pub const DEFAULT_BATON_PASSES: u32 = 16;
 
+/// How often, by default, the watchdog asks Redis whether each hold is still there between
+/// renewals (see [`Config::lease_check_interval`]).
+pub const DEFAULT_LEASE_CHECK_INTERVAL: Duration = Duration::from_millis(500);
+
 /// The shortest watchdog lease accepted: renewal runs every third of it.
 pub const MIN_WATCHDOG_LEASE: Duration = Duration::from_millis(100);
+
+/// The shortest fixed lease accepted. A hold is known valid only until its acquire's send
+/// time plus the lease less the clock-drift allowance (1 % + 2 ms), and one whose validity
+/// ended before its reply came is never handed out (it is released and tried again): a
+/// shorter lease would leave no time to hold the lock at all.
+pub const MIN_LEASE: Duration = Duration::from_millis(10);
 
 /// The longest lease accepted. `PEXPIRE` takes signed 64-bit milliseconds added to the
 /// server's clock; half of that range is refused by no Redis.
@@ -124,8 +134,17 @@ pub struct Config {
     ///   database path that is not a number), makes connecting fail with
     ///   [`Error::InvalidArgument`] before anything is sent.
     pub url: String,
-    /// The lease of locks taken without an explicit one; renewed every third of it.
+    /// The lease of locks taken without an explicit one; renewed every third of it (default
+    /// [`DEFAULT_WATCHDOG_LEASE`], 30 s).
     pub watchdog_lease: Duration,
+    /// How often the watchdog asks Redis, between renewals, whether every hold of this client
+    /// is still there (one batched read-only script per round; default
+    /// [`DEFAULT_LEASE_CHECK_INTERVAL`], 500 ms). A hold removed behind its holder's back — a
+    /// force-unlock by another client, Redis restarted empty — is then told lost through
+    /// [`Guard::lost`](crate::Guard::lost) within about this long, or within a round trip
+    /// while this client has tasks waiting on that lock (the unlock message says so). Never
+    /// longer than a third of the watchdog lease: every renewal checks too.
+    pub lease_check_interval: Duration,
     /// Prepended to every lock name to form its key (default empty, so keys match Redisson's).
     pub key_prefix: String,
     /// The longest any single round trip to Redis may take.
@@ -180,6 +199,7 @@ impl Config {
         Config {
             url: url.into(),
             watchdog_lease: DEFAULT_WATCHDOG_LEASE,
+            lease_check_interval: DEFAULT_LEASE_CHECK_INTERVAL,
             key_prefix: String::new(),
             command_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(5),
@@ -215,6 +235,7 @@ impl Config {
             ("connect timeout", self.connect_timeout),
             ("reconnect delay", self.reconnect_max_delay),
             ("fair lock wait", self.fair_lock_wait),
+            ("lease check interval", self.lease_check_interval),
         ] {
             if value.is_zero() || value > Duration::from_secs(24 * 3600) {
                 return Err(Error::InvalidArgument(format!(
@@ -243,6 +264,7 @@ impl fmt::Debug for Config {
         let Config {
             url: _,
             watchdog_lease,
+            lease_check_interval,
             key_prefix,
             command_timeout,
             connect_timeout,
@@ -259,6 +281,7 @@ impl fmt::Debug for Config {
         // The URL's password is never shown.
         d.field("url", &self.redacted_url())
             .field("watchdog_lease", watchdog_lease)
+            .field("lease_check_interval", lease_check_interval)
             .field("key_prefix", key_prefix)
             .field("command_timeout", command_timeout)
             .field("connect_timeout", connect_timeout)
@@ -324,6 +347,13 @@ impl Builder {
     /// The watchdog lease (default 30 s, at least 100 ms).
     pub fn watchdog_lease(mut self, lease: Duration) -> Self {
         self.config.watchdog_lease = lease;
+        self
+    }
+
+    /// How often holds are checked in Redis between renewals (default 500 ms; see
+    /// [`Config::lease_check_interval`]).
+    pub fn lease_check_interval(mut self, every: Duration) -> Self {
+        self.config.lease_check_interval = every;
         self
     }
 
@@ -424,6 +454,7 @@ mod tests {
         for field in [
             "url",
             "watchdog_lease",
+            "lease_check_interval",
             "key_prefix",
             "command_timeout",
             "connect_timeout",

@@ -541,12 +541,7 @@ impl Conn {
             };
             match info {
                 Ok(info) => {
-                    let connected = info
-                        .lines()
-                        .find_map(|l| l.strip_prefix("connected_slaves:"))
-                        .and_then(|n| n.trim().parse().ok())
-                        .unwrap_or(0);
-                    counts.insert(node, connected);
+                    counts.insert(node, online_replicas(&info));
                 }
                 Err(e) => {
                     // Keep what was known: a node that is briefly away keeps its replicas.
@@ -561,6 +556,24 @@ impl Conn {
         *self.replication.replicas.write() = counts;
         self.replication.any_replicas.store(any, Ordering::Release);
     }
+}
+
+/// The replicas an `INFO replication` reply lists as `state=online`: those that can
+/// acknowledge a `WAIT`. `connected_slaves` also counts replicas still in a full resync
+/// (`wait_bgsave`, `send_bulk`), which acknowledge nothing until it ends — waiting for one
+/// would refuse every acquire on a healthy primary meanwhile (as `min-replicas-to-write`, which
+/// counts the same way, would not).
+fn online_replicas(info: &str) -> u32 {
+    let replica_line = |line: &&str| {
+        line.strip_prefix("slave")
+            .and_then(|rest| rest.split_once(':'))
+            .is_some_and(|(n, _)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    };
+    let online = |line: &str| line.split(',').any(|field| field.trim() == "state=online");
+    info.lines()
+        .filter(replica_line)
+        .filter(|l| online(l))
+        .count() as u32
 }
 
 /// Keeps [`Conn::replicas`] current while the connection lives.
@@ -893,6 +906,17 @@ fn classify(err: FredError) -> Failed {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_online_replicas_count() {
+        let info = "# Replication\r\nrole:master\r\nconnected_slaves:3\r\n\
+                    slave0:ip=127.0.0.1,port=7001,state=online,offset=42,lag=0\r\n\
+                    slave1:ip=127.0.0.1,port=7002,state=wait_bgsave,offset=0,lag=0\r\n\
+                    slave2:ip=127.0.0.1,port=7003,state=send_bulk,offset=0,lag=1\r\n\
+                    slave_read_repl_offset:42\r\nmaster_repl_offset:42\r\n";
+        assert_eq!(online_replicas(info), 1);
+        assert_eq!(online_replicas("role:master\r\nconnected_slaves:0\r\n"), 0);
+    }
 
     // Any script serves; one of the lock's own, so the test needs no module above this one.
     lua_script!(ACQUIRE, "lock/acquire.lua");

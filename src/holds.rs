@@ -137,6 +137,10 @@ pub(crate) struct Holds {
     waiting: AtomicU64,
     /// Notified when `waiting` drops to zero.
     none_waiting: Notify,
+    /// Holds to check in Redis at once (see [`Entry::doubt`]), for the watchdog.
+    doubted: Mutex<Vec<(Arc<Entry>, u64)>>,
+    /// Wakes the watchdog for `doubted`.
+    doubts: Notify,
     metrics: ClientMetrics,
 }
 
@@ -197,6 +201,16 @@ struct State {
     /// When the current generation was first handed on in memory: the start of its run of
     /// local hand-offs, which a time bound ends (see [`crate::baton`]).
     local_since: Option<Instant>,
+    /// The current holder's owner was given out (read from its guard or its lock handle, or
+    /// named explicitly): whoever has it can re-enter the hold in Redis, so the hold is never
+    /// handed on in memory under that field (invariant 16). A hold handed on starts without.
+    given_out: bool,
+    /// When Redis last said it has the hold: the send time of its acquire, renewal or check.
+    /// An unlock message heard on the lock's channel after it may mean Redis no longer has
+    /// it (a force-unlock): then it is not handed on in memory (invariant 16).
+    confirmed_at: Instant,
+    /// A check of the hold is queued for the watchdog (see [`Holds::doubt`]).
+    doubted: bool,
 }
 
 /// The sequential context a guard was taken in: a tokio task, or a thread outside any task
@@ -232,6 +246,8 @@ impl Holds {
             watchdog_lease,
             waiting: AtomicU64::new(0),
             none_waiting: Notify::new(),
+            doubted: Mutex::new(Vec::new()),
+            doubts: Notify::new(),
             metrics,
         })
     }
@@ -333,6 +349,9 @@ impl Holds {
                 holder: None,
                 passes: 0,
                 local_since: None,
+                given_out: false,
+                confirmed_at: Instant::now(),
+                doubted: false,
             }),
             turn_free: Notify::new(),
             lost_notify: Notify::new(),
@@ -351,6 +370,58 @@ impl Holds {
             });
     }
 
+    /// The hold of `generation` on `entry` may be gone from Redis: an unlock message came on
+    /// its channel while it was held through a hand-off in memory, or messages may have been
+    /// lost. The watchdog checks it at once, so its holder is told within a round trip if it
+    /// lost the lock (meanwhile it is not handed on: see [`Turn::hand_on`]).
+    pub(crate) fn doubt(&self, entry: Arc<Entry>, generation: u64) {
+        {
+            let mut state = entry.state.lock();
+            if state.generation != generation || state.doubted {
+                return;
+            }
+            state.doubted = true;
+        }
+        tracing::debug!(key = %entry.key, owner = %entry.field, "an unlock message came while the lock was held here: checking the hold at once");
+        self.doubted.lock().push((entry, generation));
+        self.doubts.notify_one();
+    }
+
+    /// Resolves when holds are doubted (see [`doubt`](Holds::doubt)).
+    pub(crate) async fn doubts(&self) {
+        self.doubts.notified().await
+    }
+
+    /// The doubted holds still live, to check in Redis now (lease 0: only whether held).
+    pub(crate) fn take_doubted(&self) -> Vec<Renewable> {
+        std::mem::take(&mut *self.doubted.lock())
+            .into_iter()
+            .filter(|(entry, generation)| entry.state.lock().live(*generation))
+            .map(|(entry, generation)| Renewable {
+                entry,
+                generation,
+                lease_ms: 0,
+            })
+            .collect()
+    }
+
+    /// `owner` is given out (see [`Entry::give_out`]): its current holds of `key` (under
+    /// each field a kind makes of it), if this client has any, are never handed on in memory.
+    /// A scan of the registry: an owner is read from a lock handle rarely.
+    pub(crate) fn give_out(&self, key: &str, owner: &str) {
+        for slot in self.map.iter() {
+            let entry = slot.value();
+            let of_owner = entry
+                .field
+                .strip_prefix(owner)
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with(':'));
+            if *entry.key == *key && of_owner {
+                let generation = entry.state.lock().generation;
+                entry.give_out(generation);
+            }
+        }
+    }
+
     /// Whether a live hold of `key` by this client has a guard taken in the context running
     /// now. Only asked when an acquisition outside any scope is about to park, so the scan
     /// stays off the paths that do not wait.
@@ -367,8 +438,9 @@ impl Holds {
     }
 
     /// Every entry with registered guards of a live generation, with what renewal sends:
-    /// the watchdog lease, or 0 to only check that a fixed-lease hold still exists.
-    pub(crate) fn to_renew(&self) -> Vec<Renewable> {
+    /// the watchdog lease, or 0 to only check that a fixed-lease hold still exists — or, when
+    /// `renew` is false (a round between renewals), 0 for every hold.
+    pub(crate) fn to_renew(&self, renew: bool) -> Vec<Renewable> {
         let now = Instant::now();
         let lease_ms = self.watchdog_lease.as_millis() as i64;
         self.map
@@ -382,7 +454,7 @@ impl Holds {
                 Some(Renewable {
                     entry: entry.clone(),
                     generation: state.generation,
-                    lease_ms: if state.watchdog_guards > 0 {
+                    lease_ms: if renew && state.watchdog_guards > 0 {
                         lease_ms
                     } else {
                         0
@@ -483,6 +555,14 @@ impl Entry {
         self.state.lock().holder = Some(Holder::current());
     }
 
+    /// The owner of the hold of `generation` is given out: it is never handed on in memory.
+    pub(crate) fn give_out(&self, generation: u64) {
+        let mut state = self.state.lock();
+        if state.generation == generation {
+            state.given_out = true;
+        }
+    }
+
     /// Whether the hold of `generation` is lost: told so by Redis, replaced by a fresh hold,
     /// or its lease ran out by the local clock.
     pub(crate) fn is_lost(&self, generation: u64) -> bool {
@@ -496,6 +576,12 @@ impl Entry {
             let state = self.state.lock();
             state.live(generation) && state.guards > 0
         }
+    }
+
+    /// Whether the hold of `generation` is held now: live, with guards.
+    pub(crate) fn is_held(&self, generation: u64) -> bool {
+        let state = self.state.lock();
+        state.live(generation) && state.guards > 0
     }
 
     /// When the hold of `generation` stopped being known valid, if it has (see
@@ -552,11 +638,23 @@ impl Entry {
             let renewed = state.generation == generation && state.lost.is_none();
             if renewed {
                 state.valid_until = state.valid_until.max(valid_until(sent_at, lease));
+                state.confirmed_at = state.confirmed_at.max(sent_at);
+                state.doubted = false;
             }
             renewed
         };
         if renewed {
             self.metrics.renewed();
+        }
+    }
+
+    /// A check (a renewal with lease 0) sent at `sent_at` found the hold of `generation`
+    /// still held in Redis.
+    pub(crate) fn checked(&self, generation: u64, sent_at: Instant) {
+        let mut state = self.state.lock();
+        if state.generation == generation && state.lost.is_none() {
+            state.confirmed_at = state.confirmed_at.max(sent_at);
+            state.doubted = false;
         }
     }
 
@@ -606,6 +704,21 @@ impl Turn {
         self.register(count, lease, sent_at, 0)
     }
 
+    /// Whether an acquire sent at `sent_at` with `lease`, whose reply gave the owner's new
+    /// `count`, would register a hold already lost by the local clock: its validity ended
+    /// before the reply came (a server that paused past the lease). Such a hold is released,
+    /// never handed out (invariant 18).
+    pub(crate) fn ended_before_reply(&self, count: i64, lease: Lease, sent_at: Instant) -> bool {
+        let until = valid_until(sent_at, lease.duration(self.holds.watchdog_lease));
+        let now = Instant::now();
+        if now < until {
+            return false;
+        }
+        let state = self.entry.state.lock();
+        // A re-entry of a live hold keeps that hold's validity.
+        count <= 1 || !state.live(state.generation)
+    }
+
     /// Registers the guard of a hold a baton pass sent at `sent_at` wrote: the `passes`-th
     /// pass in a row.
     pub(crate) fn passed(&self, lease: Lease, sent_at: Instant, passes: u32) -> Registered {
@@ -629,13 +742,16 @@ impl Turn {
     /// in Redis (field, count 1, expiry, generation, validity), one more in its run. Refused
     /// unless the hold is live and will stay valid for what the waiter needs: half the
     /// watchdog lease (a renewal is due well before then), or a fixed lease's whole length;
-    /// and refused once the run has lasted `run_for` since its first local hand-off.
+    /// and refused once the run has lasted `run_for` since its first local hand-off, or when
+    /// an unlock message was heard on the lock's channel (`unlock_heard`) since Redis last
+    /// confirmed the hold.
     pub(crate) fn hand_on(
         &self,
         generation: u64,
         lease: Lease,
         next: Lease,
         run_for: Duration,
+        unlock_heard: Option<Instant>,
     ) -> HandOn {
         let now = Instant::now();
         let needed = match next {
@@ -643,7 +759,12 @@ impl Turn {
             Lease::Fixed(_) => next.duration(self.holds.watchdog_lease),
         };
         let mut state = self.entry.state.lock();
-        if !state.live(generation) || state.guards != 1 {
+        if !state.live(generation) || state.guards != 1 || state.given_out {
+            return HandOn::NotLocal;
+        }
+        if unlock_heard.is_some_and(|heard| heard > state.confirmed_at) {
+            // Redis may have dropped the hold since it last said it had it (a force-unlock
+            // publishes on the channel): the pass script asks it.
             return HandOn::NotLocal;
         }
         let since = *state.local_since.get_or_insert(now);
@@ -658,6 +779,8 @@ impl Turn {
             .saturating_sub(u32::from(lease == Lease::Watchdog));
         state.watchdog_guards += u32::from(next == Lease::Watchdog);
         state.passes += 1;
+        // A new holder, whose owner nobody outside has been given yet.
+        state.given_out = false;
         HandOn::Handed(Registered {
             entry: self.entry.clone(),
             generation,
@@ -695,6 +818,9 @@ impl Turn {
                 state.valid_until = until;
                 state.passes = passes;
                 state.local_since = None;
+                state.given_out = false;
+                state.doubted = false;
+                state.confirmed_at = sent_at;
             }
             state.guards += 1;
             state.watchdog_guards += u32::from(lease == Lease::Watchdog);
@@ -702,6 +828,7 @@ impl Turn {
             // passed guard's waiter notes itself on adoption).
             state.holder = Some(Holder::current());
             state.valid_until = state.valid_until.max(until);
+            state.confirmed_at = state.confirmed_at.max(sent_at);
             (state.generation, was_held)
         };
         entry.metrics.held(was_held, true);

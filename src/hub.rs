@@ -37,6 +37,7 @@ use tokio::time::Instant;
 
 use crate::baton::{Claim, Queue};
 use crate::config::PubSubMode;
+use crate::holds::Holds;
 pub use crate::wake_state::Wake;
 use crate::wake_state::{TakenWakeUp, Wakes};
 
@@ -149,11 +150,25 @@ impl Channel {
         true
     }
 
-    /// Applies a message to every group.
-    fn deliver(&self, message: &Value) {
+    /// Doubts every hold of this channel's keys that this client holds through a hand-off in
+    /// memory: the message may say Redis no longer has it (a force-unlock), or messages may
+    /// have been lost. It ends the run of hand-offs at once (invariant 16).
+    fn doubt_handed(&self, holds: &Holds) {
+        for group in self.groups.lock().iter() {
+            if let Some((entry, generation)) = group.batons.unlock_heard() {
+                holds.doubt(entry, generation);
+            }
+        }
+    }
+
+    /// Applies a message to every group. Returns whether it was an unlock message, which may
+    /// say a hold of this client is gone (see [`doubt_handed`](Channel::doubt_handed)).
+    fn deliver(&self, message: &Value) -> bool {
         // Before the groups are read: a group registered after they were is told by the count.
         self.delivered.fetch_add(1, Ordering::AcqRel);
-        let Some(text) = message.as_str() else { return };
+        let Some(text) = message.as_str() else {
+            return false;
+        };
         let groups = self.groups.lock().clone();
         match (self.wake, &*text) {
             (Wake::Lock, "0") => {
@@ -162,6 +177,7 @@ impl Channel {
                     g.forget_lease_end();
                     g.wakes.wake_one();
                 });
+                true
             }
             (Wake::Lock, "1") => {
                 tracing::trace!(channel = %self.name, "write-unlock message: waking all waiters");
@@ -169,25 +185,28 @@ impl Channel {
                     g.forget_lease_end();
                     g.wakes.wake_all();
                 });
+                true
             }
             (Wake::Lock, news) => {
                 let Some(ms) = news.strip_prefix('-').and_then(|ms| ms.parse::<u64>().ok()) else {
-                    return;
+                    return false;
                 };
                 tracing::trace!(channel = %self.name, ms, "the lock's expiry came closer: waking all waiters then");
                 groups.iter().for_each(|g| g.lease_ends_in(ms));
+                false
             }
             (Wake::Permits, n) => {
                 let Ok(permits) = n.parse::<u64>() else {
-                    return;
+                    return false;
                 };
                 if permits == 0 {
-                    return;
+                    return false;
                 }
                 tracing::trace!(channel = %self.name, permits, "permits released: waking as many waiters");
                 groups
                     .iter()
                     .for_each(|g| g.wakes.permits_released(permits));
+                false
             }
         }
     }
@@ -205,6 +224,8 @@ enum Op {
 
 pub(crate) struct Hub {
     subscriber: SubscriberClient,
+    /// The client's holds: an unlock message doubts one held through a hand-off in memory.
+    holds: Arc<Holds>,
     mode: PubSubMode,
     /// Hashed with foldhash (seeded per process): every release of a lock looks its channel
     /// up here for a parked waiter to pass it to.
@@ -311,6 +332,7 @@ impl Hub {
     pub(crate) async fn start(
         subscriber: SubscriberClient,
         mode: PubSubMode,
+        holds: Arc<Holds>,
     ) -> Result<Arc<Hub>, fred::error::Error> {
         // Receivers first: the initial connection also emits a reconnect event.
         let mut reconnects = subscriber.reconnect_rx();
@@ -321,6 +343,7 @@ impl Hub {
         let (ops, ops_rx) = mpsc::unbounded_channel();
         let hub = Arc::new(Hub {
             subscriber,
+            holds,
             mode,
             channels: DashMap::with_hasher(Default::default()),
             ops,
@@ -423,11 +446,17 @@ impl Hub {
         self.batons(name, key).map_or(0, |batons| batons.parked())
     }
 
-    /// Whether this client holds `key` (its waiters on channel `name`) under a field other
-    /// than `field`, through a hold handed on in memory (see [`crate::baton`]).
-    pub(crate) fn held_against(&self, name: &str, key: &str, field: &str) -> bool {
-        self.batons(name, key)
-            .is_some_and(|batons| batons.held_against(field))
+    /// Whether an acquire of `key` (its waiters on channel `name`) by `field` is refused
+    /// without asking Redis, and for how long its waiter parks (see [`Queue::refusal`]).
+    pub(crate) fn refusal(
+        &self,
+        name: &str,
+        key: &str,
+        field: &str,
+        held_recheck: Duration,
+        fresh: bool,
+    ) -> Option<Duration> {
+        self.batons(name, key)?.refusal(field, held_recheck, fresh)
     }
 
     /// Whether releases of `key` are ordinary ones for now, another client having been
@@ -454,10 +483,14 @@ impl Hub {
         }
     }
 
-    /// Wakes every waiter so it re-checks its lock (reconnect, lag, shutdown).
+    /// Wakes every waiter so it re-checks its lock (reconnect, lag, shutdown). Messages may
+    /// have been lost, a force-unlock's among them: holds handed on in memory are doubted.
     pub(crate) fn wake_all(&self) {
         self.generation.fetch_add(1, Ordering::SeqCst);
         self.rechecks.notify_waiters();
+        for channel in self.channels() {
+            channel.doubt_handed(&self.holds);
+        }
     }
 
     /// Closes the subscriber connection; the hub's tasks end with it.
@@ -631,7 +664,9 @@ async fn dispatch_messages(
                     .get(&*message.channel)
                     .map(|slot| slot.channel.clone());
                 if let Some(channel) = channel {
-                    channel.deliver(&message.value);
+                    if channel.deliver(&message.value) {
+                        channel.doubt_handed(&hub.holds);
+                    }
                 }
             }
             Err(RecvError::Lagged(missed)) => {

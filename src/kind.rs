@@ -102,8 +102,11 @@ impl Named {
     /// The owner `owner` names, or else the enclosing hold's (see [`owner_field`]).
     ///
     /// [`owner_field`]: Named::owner_field
+    /// An owner read this way is given out: the hold it names is never handed on in memory
+    /// (see [`Entry::give_out`](crate::holds::Entry::give_out)).
     pub(crate) fn owner(&self, owner: Option<&Arc<str>>) -> Option<crate::Owner> {
         let field = self.owner_field(owner)?;
+        self.client.holds.give_out(&self.key, &field);
         Some(field.parse().expect("owner fields are always well-formed"))
     }
 

@@ -227,7 +227,8 @@ pub use acquire::guard::Guard;
 pub use client::Client;
 pub use config::{
     Builder, Config, PubSubMode, ReplicaSync, AUTO_REPLICA_TIMEOUT, DEFAULT_BATON_PASSES,
-    DEFAULT_FAIR_LOCK_WAIT, DEFAULT_WATCHDOG_LEASE, MAX_LEASE, MIN_WATCHDOG_LEASE,
+    DEFAULT_FAIR_LOCK_WAIT, DEFAULT_LEASE_CHECK_INTERVAL, DEFAULT_WATCHDOG_LEASE, MAX_LEASE,
+    MIN_LEASE, MIN_WATCHDOG_LEASE,
 };
 pub use error::{Error, Result};
 pub use kind::{Kind, MAX_NAME_LEN};

@@ -67,24 +67,91 @@ pub(crate) fn enclosing(client: &Arc<str>, key: &str) -> Option<u64> {
 /// One hold, as a scope names it: its client's id, its lock key, its owner number.
 pub(crate) type Scoped = (Arc<str>, Arc<str>, u64);
 
-/// Polls `future` inside the scopes of `holds` (and of every scope the caller is in already).
-pub(crate) fn within<F: Future>(
-    holds: impl IntoIterator<Item = Scoped>,
-    future: F,
-) -> impl Future<Output = F::Output> {
-    let mut innermost = SCOPE.try_with(Arc::clone).ok();
+/// Polls `future` inside the scopes of `holds`, and of every scope it is polled in.
+///
+/// The scopes around it are read at each poll, not once: a future polled first inside a
+/// hold's scope and later outside it (carried out of a `run`, moved between scopes by
+/// `FuturesUnordered` or a `select!` loop) is inside that hold's scope only while polled there
+/// — afterwards the hold may be another owner's (handed on in memory, see [`crate::baton`]).
+pub(crate) fn within<F: Future>(holds: impl IntoIterator<Item = Scoped>, future: F) -> Within<F> {
+    // The holds' frames, innermost first, on no outer scope yet: linked to the scopes around
+    // at the first poll.
+    let mut own: Option<Arc<Frame>> = None;
+    let mut count = 0;
     for (client, key, number) in holds {
-        innermost = Some(Arc::new(Frame {
+        own = Some(Arc::new(Frame {
             client,
             key,
             number,
-            outer: innermost,
+            outer: own,
+        }));
+        count += 1;
+    }
+    Within {
+        own: own.map(|frame| (frame, count)),
+        around: None,
+        future,
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The future [`within`] returns.
+    pub(crate) struct Within<F> {
+        // The holds' frames linked to the scopes `around` names, and how many are the holds'.
+        own: Option<(Arc<Frame>, usize)>,
+        // The scopes around at the last poll, to which `own` is linked.
+        around: Option<Arc<Frame>>,
+        #[pin]
+        future: F,
+    }
+}
+
+impl<F: Future> Future for Within<F> {
+    type Output = F::Output;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<F::Output> {
+        let this = self.project();
+        let Some((own, count)) = this.own.as_mut() else {
+            return this.future.poll(cx);
+        };
+        let around = SCOPE.try_with(Arc::clone).ok();
+        let same = match (&around, &*this.around) {
+            (Some(now), Some(before)) => Arc::ptr_eq(now, before),
+            (None, None) => true,
+            _ => false,
+        };
+        if !same {
+            *own = relinked(own, *count, around.clone());
+            *this.around = around;
+        }
+        let innermost = own.clone();
+        let future = this.future;
+        SCOPE.sync_scope(innermost, || future.poll(cx))
+    }
+}
+
+/// The first `count` frames of `chain` (a hold's own ones), linked to `outer` instead.
+fn relinked(chain: &Arc<Frame>, count: usize, outer: Option<Arc<Frame>>) -> Arc<Frame> {
+    let mut own = Vec::with_capacity(count);
+    let mut frame = Some(chain);
+    for _ in 0..count {
+        let f = frame.expect("a chain holds its own frames");
+        own.push(f);
+        frame = f.outer.as_ref();
+    }
+    let mut linked = outer;
+    for f in own.into_iter().rev() {
+        linked = Some(Arc::new(Frame {
+            client: f.client.clone(),
+            key: f.key.clone(),
+            number: f.number,
+            outer: linked,
         }));
     }
-    match innermost {
-        Some(frame) => futures::future::Either::Left(SCOPE.scope(frame, future)),
-        None => futures::future::Either::Right(future),
-    }
+    linked.expect("a chain has a frame of its own")
 }
 
 #[cfg(test)]
@@ -116,6 +183,25 @@ mod tests {
         })
         .await;
         assert_eq!(spawned, None, "a spawned task starts outside every scope");
+    }
+
+    #[tokio::test]
+    async fn a_scope_is_read_at_every_poll() {
+        let client: Arc<str> = Arc::from("c");
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let mut inner = Box::pin(within([(client.clone(), "j".into(), 2)], async {
+            rx.await.unwrap();
+            (enclosing(&client, "k"), enclosing(&client, "j"))
+        }));
+        // First polled inside `k`'s scope ...
+        within([(client.clone(), "k".into(), 1)], async {
+            let first = std::future::poll_fn(|cx| std::task::Poll::Ready(inner.as_mut().poll(cx)));
+            assert!(first.await.is_pending());
+        })
+        .await;
+        // ... and to the end outside it: it is in its own scope only.
+        tx.send(()).unwrap();
+        assert_eq!(inner.await, (None, Some(2)));
     }
 
     #[test]

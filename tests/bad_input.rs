@@ -141,11 +141,12 @@ async fn leases_out_of_range_are_refused_and_the_extremes_work() {
     let sent = calls(&raw).await;
     invalid(
         lock.lock_with_lease(Duration::ZERO).await,
-        "shorter than 1 ms",
+        "shorter than 10ms",
     );
     invalid(
-        lock.lock_with_lease(Duration::from_micros(999)).await,
-        "shorter than 1 ms",
+        lock.lock_with_lease(redbaton::MIN_LEASE - Duration::from_micros(1))
+            .await,
+        "shorter than 10ms",
     );
     invalid(
         lock.lock_with_lease(MAX_LEASE + Duration::from_millis(1))
@@ -159,7 +160,7 @@ async fn leases_out_of_range_are_refused_and_the_extremes_work() {
     invalid(
         lock.try_lock_with_lease(Duration::ZERO, Duration::ZERO)
             .await,
-        "shorter than 1 ms",
+        "shorter than 10ms",
     );
     invalid(
         lock.try_lock_with_lease(Duration::MAX, Duration::MAX).await,
@@ -174,13 +175,13 @@ async fn leases_out_of_range_are_refused_and_the_extremes_work() {
     assert!(pttl > i64::MAX / 4, "{pttl}");
     assert!(!guard.is_lost());
     guard.unlock().await.unwrap();
-    let guard = lock
-        .lock_with_lease(Duration::from_millis(1))
-        .await
-        .unwrap();
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    let guard = lock.lock_with_lease(redbaton::MIN_LEASE).await.unwrap();
+    tokio::time::sleep(redbaton::MIN_LEASE * 3).await;
     assert!(guard.is_lost());
-    assert!(!lock.is_locked().await.unwrap(), "a 1 ms lease expired");
+    assert!(
+        !lock.is_locked().await.unwrap(),
+        "the shortest lease expired"
+    );
     drop(guard);
 
     // Watchdog lease and timeouts are checked when connecting.

@@ -21,6 +21,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
+use fred::interfaces::HashesInterface;
 use redbaton::{Client, Error, ReplicaSync};
 use support::cluster::cli;
 use support::proxy::{Mode, Proxy};
@@ -465,7 +466,10 @@ async fn sync_on_a_hold_handed_on_in_memory_never_outlives_the_replicated_hold()
     let lock = holder.lock("cohort");
     let held = lock.lock().await.unwrap();
     let acquired = tokio::time::Instant::now();
-    let owner = held.owner().to_string();
+    // Read from Redis: an owner read from the guard is given out, and its hold is then never
+    // handed on in memory (invariant 16).
+    let fields: Vec<String> = setup.master.raw().await.hkeys("cohort").await.unwrap();
+    let owner = fields.concat();
     let next = {
         let lock = lock.clone();
         tokio::spawn(async move { lock.lock().await.unwrap() })

@@ -6,6 +6,12 @@
 //! key); a checker then proves that no two sections of one name overlapped while their leases
 //! were valid, that the fencing numbers follow the order of the sections, that a non-atomic
 //! read-sleep-write counter per name is exact, and that every worker finished.
+//!
+//! A second run adds what breaks a hold on purpose, and the identities a hold handed on in
+//! memory must not let back in (invariant 16): an operator client force-unlocks names at
+//! random and then holds them itself (a section of its own, beside which no worker may enter),
+//! and workers carry a future first polled inside a hold's scope out of it, and re-try a
+//! released hold's owner with `with_owner` — each of which may only ever get a hold of its own.
 
 mod support;
 
@@ -41,18 +47,47 @@ async fn critical_section(
     guard: &LockGuard,
     name: usize,
     hold: Duration,
-    log: &Mutex<Vec<Section>>,
-) {
+    log: &Mutex<Log>,
+) -> Option<i64> {
     let told = told_ago(guard.lost(), || guard.lost_at());
     let ((fence, start, end), lost_at) =
         watch_lost(read_sleep_write(client, name, hold), told, now).await;
-    log.lock().push(Section {
-        name,
-        start,
-        end,
-        fence,
-        lost_at,
-    });
+    log.lock().push(
+        Section {
+            name,
+            start,
+            end,
+            fence,
+            lost_at,
+        },
+        guard,
+    );
+    fence
+}
+
+/// Every critical section, and the owner field of the hold each ran under.
+#[derive(Clone, Default)]
+struct Log {
+    sections: Vec<Section>,
+    fields: Vec<String>,
+}
+
+impl Log {
+    fn push(&mut self, section: Section, guard: &LockGuard) {
+        self.sections.push(section);
+        self.fields.push(field_of(guard));
+    }
+}
+
+/// The owner field of `guard`'s hold, read from its `Debug` form: reading `owner()` would give
+/// the owner out, and the hold would never be handed on in memory (invariant 16).
+fn field_of(guard: &LockGuard) -> String {
+    let shown = format!("{guard:?}");
+    let field = shown
+        .split("owner: \"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next());
+    field.expect("a guard shows its owner").to_owned()
 }
 
 /// Fencing number, then a non-atomic read-sleep-write increment; returns the fence and when
@@ -75,23 +110,114 @@ async fn read_sleep_write(
     (Some(fence), start, now())
 }
 
-async fn release(guard: LockGuard) {
+/// Releases `guard`; `forcing`: an operator force-unlocks holds in this run, so a holder it
+/// struck may find its hold gone at its unlock before it was told.
+async fn release(guard: LockGuard, forcing: bool) {
     let lost = guard.is_lost();
     match guard.unlock().await {
         Ok(()) => {}
-        Err(Error::NotHeld { .. }) if lost => {}
+        Err(Error::NotHeld { .. }) if lost || forcing => {}
         Err(e) => panic!("unlock failed: {e}"),
     }
 }
 
-async fn worker(client: Client, log: Arc<Mutex<Vec<Section>>>, seed: u64) -> usize {
+/// Releases the guard of the section with `fence` on `name`, as [`release`] does, and marks
+/// the section lost as it ended if the hold was found gone: a force-unlock struck it, whether
+/// or not its holder had been told yet (see [`struck_by`]).
+async fn release_section(guard: LockGuard, name: usize, fence: Option<i64>, log: &Mutex<Log>) {
+    match guard.unlock().await {
+        Ok(()) => {}
+        Err(Error::NotHeld { .. }) => {
+            let mut log = log.lock();
+            let section = log.sections.iter_mut().rev();
+            if let Some(s) = section
+                .into_iter()
+                .find(|s| s.name == name && s.fence == fence)
+            {
+                s.lost_at = Some(s.lost_at.unwrap_or(s.end));
+            }
+        }
+        Err(e) => panic!("unlock failed: {e}"),
+    }
+}
+
+/// After a hold is released (and maybe handed on in memory), what still names it may only get
+/// a hold of its own: a future first polled inside the hold's scope and finished outside it
+/// (`escaped`), or the released hold's owner named with `with_owner`. A section either runs
+/// is recorded, so re-entering the next holder's hold shows up as an overlap.
+#[allow(clippy::async_yields_async)] // the future carried out of the scope is the point
+async fn identity_paths(
+    client: &Client,
+    lock: &redbaton::Lock,
+    name: usize,
+    hold: Duration,
+    escaped: bool,
+    log: &Mutex<Log>,
+) {
+    let guard = lock.lock().await.unwrap();
+    if escaped {
+        // Another hold's `run`, first polled inside this hold's scope (an uncontended name of
+        // this call's own), then carried out and finished after this hold was released.
+        let side = client.lock(format!("torture:side:{}", fastrand::u64(..)));
+        let side_guard = Arc::new(side.lock().await.unwrap());
+        let (go, went) = tokio::sync::oneshot::channel::<()>();
+        let carried = guard
+            .run(|| async {
+                let side_guard = side_guard.clone();
+                let mut carried = Box::pin(async move {
+                    side_guard
+                        .run(|| async {
+                            went.await.unwrap();
+                            lock.try_lock().await.unwrap()
+                        })
+                        .await
+                });
+                let first = std::future::poll_fn(|cx| {
+                    std::task::Poll::Ready(std::future::Future::poll(carried.as_mut(), cx))
+                });
+                assert!(first.await.is_pending());
+                carried
+            })
+            .await;
+        let Ok(mut carried) = carried else {
+            // Struck by the operator's force-unlock before `run` began.
+            release(guard, true).await;
+            return;
+        };
+        let fence = critical_section(client, &guard, name, hold, log).await;
+        release_section(guard, name, fence, log).await;
+        go.send(()).unwrap();
+        if let Some(again) = carried.as_mut().await.unwrap() {
+            let fence = critical_section(client, &again, name, hold, log).await;
+            release_section(again, name, fence, log).await;
+        }
+        drop(carried);
+        let side_guard = Arc::into_inner(side_guard).expect("the carried future is gone");
+        side_guard.unlock().await.unwrap();
+    } else {
+        let owner = guard.owner();
+        let fence = critical_section(client, &guard, name, hold, log).await;
+        release_section(guard, name, fence, log).await;
+        if let Some(again) = lock.with_owner(owner).try_lock().await.unwrap() {
+            let fence = critical_section(client, &again, name, hold, log).await;
+            release_section(again, name, fence, log).await;
+        }
+    }
+}
+
+async fn worker(client: Client, log: Arc<Mutex<Log>>, seed: u64, identities: bool) -> usize {
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut misses = 0;
     for _ in 0..ROUNDS_PER_TASK {
         let name = rng.usize(0..NAMES.len());
         let lock = client.lock(NAMES[name]);
         let hold = Duration::from_micros(rng.u64(0..4000));
-        let guard = match rng.u8(0..4) {
+        let mode = rng.u8(0..if identities { 6 } else { 4 });
+        if mode >= 4 {
+            identity_paths(&client, &lock, name, hold, mode == 4, &log).await;
+            continue;
+        }
+        let guard = match mode {
             0 => Some(lock.lock().await.unwrap()),
             1 => lock.try_lock().await.unwrap(),
             2 => lock
@@ -101,14 +227,28 @@ async fn worker(client: Client, log: Arc<Mutex<Vec<Section>>>, seed: u64) -> usi
             _ => {
                 // Reentrant: the section runs under a nested hold of the same owner.
                 let outer = lock.lock().await.unwrap();
-                let inner = outer.reenter().await.unwrap();
+                let inner = match outer.reenter().await {
+                    Ok(inner) => inner,
+                    // Struck by the operator's force-unlock meanwhile.
+                    Err(Error::NotHeld { .. }) if identities => {
+                        release(outer, identities).await;
+                        continue;
+                    }
+                    Err(e) => panic!("reenter failed: {e}"),
+                };
                 let owned = lock.with_owner(outer.owner());
-                assert_eq!(owned.hold_count().await.unwrap(), 2);
-                critical_section(&client, &inner, name, hold, &log).await;
+                // (A force-unlock may strike in between when the operator runs.)
+                let count = owned.hold_count().await.unwrap();
+                assert!(count == 2 || identities, "{count}");
+                let fence = critical_section(&client, &inner, name, hold, &log).await;
                 let lost = inner.is_lost();
-                release(inner).await;
-                assert!(lost || owned.is_held_in_scope().await.unwrap());
-                release(outer).await;
+                if identities {
+                    release_section(inner, name, fence, &log).await;
+                } else {
+                    release(inner, false).await;
+                }
+                assert!(lost || identities || owned.is_held_in_scope().await.unwrap());
+                release(outer, identities).await;
                 continue;
             }
         };
@@ -116,8 +256,12 @@ async fn worker(client: Client, log: Arc<Mutex<Vec<Section>>>, seed: u64) -> usi
             misses += 1;
             continue;
         };
-        critical_section(&client, &guard, name, hold, &log).await;
-        release(guard).await;
+        let fence = critical_section(&client, &guard, name, hold, &log).await;
+        if identities {
+            release_section(guard, name, fence, &log).await;
+        } else {
+            release(guard, false).await;
+        }
     }
     misses
 }
@@ -155,6 +299,96 @@ async fn inject_faults(raw: fred::clients::Client, stop: Arc<AtomicBool>) -> Vec
         step += 1;
     }
     injected
+}
+
+/// A force-unlock, by its send and reply instants on the history's clock: it struck the name's
+/// hold at some instant between them.
+#[derive(Clone, Copy)]
+struct Forced {
+    name: usize,
+    sent: Duration,
+    replied: Duration,
+}
+
+/// Until told to stop, every 100–300 ms: force-unlocks a random name, then holds it itself for
+/// 0–20 ms as a section of its own (the scenario of another client breaking a run of hand-offs).
+async fn operate(
+    client: Client,
+    log: Arc<Mutex<Log>>,
+    stop: Arc<AtomicBool>,
+    seed: u64,
+) -> Vec<Forced> {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut forced = Vec::new();
+    while !stop.load(Ordering::Acquire) {
+        tokio::time::sleep(Duration::from_millis(rng.u64(100..300))).await;
+        let name = rng.usize(0..NAMES.len());
+        let lock = client.lock(NAMES[name]);
+        let sent = now();
+        if lock.force_unlock().await.unwrap() {
+            forced.push(Forced {
+                name,
+                sent,
+                replied: now(),
+            });
+        }
+        if let Some(guard) = lock.try_lock_for(Duration::from_millis(500)).await.unwrap() {
+            let hold = Duration::from_millis(rng.u64(0..20));
+            let fence = critical_section(&client, &guard, name, hold, &log).await;
+            release_section(guard, name, fence, &log).await;
+        }
+    }
+    forced
+}
+
+/// How long after a force-unlock's reply the run of hand-offs it struck may go on: the unlock
+/// message's way to the client on a loaded machine, within the run's own 50 ms bound plus a
+/// margin. A section under the same field later than that is a hold of its own.
+const RUN_AFTER_FORCE: Duration = Duration::from_millis(100);
+
+/// Marks lost from the force on the sections a force-unlock struck, as breaking the current
+/// holder is what a force-unlock is for: the section running across the force (or whose
+/// holder was told, or found its hold gone at its unlock, after it), and the holds its client
+/// handed on in memory under the same owner field before the unlock message reached it (a run
+/// of hand-offs ends when the message comes, invariant 16). Every other section must exclude
+/// the others as usual. Returns how many sections were struck, and the latest one of a run
+/// handed on after a force began, after that force's reply.
+fn struck_by(sections: &mut [Section], fields: &[String], forced: &[Forced]) -> (usize, Duration) {
+    // When each section was struck, if it was: the earliest force that struck it.
+    let mut struck: Vec<Option<Duration>> = vec![None; sections.len()];
+    let mut latest = Duration::ZERO;
+    for f in forced {
+        let of_name = || (0..sections.len()).filter(|&i| sections[i].name == f.name);
+        // The holds the force may have struck: running across it, or told or found lost
+        // after it (a hold whose acquire ran before the force may start its section after
+        // the force's reply, when the server queued both) ...
+        let victims: Vec<&str> = of_name()
+            .filter(|&i| {
+                let s = &sections[i];
+                s.end > f.sent && (s.start < f.replied || s.lost())
+            })
+            .map(|i| fields[i].as_str())
+            .collect();
+        // ... and the rest of their run: the sections of their fields, handed on in memory
+        // until the unlock message came.
+        for i in of_name() {
+            let s = &sections[i];
+            let in_run = s.end > f.sent && s.start < f.replied + RUN_AFTER_FORCE;
+            if in_run && victims.contains(&fields[i].as_str()) {
+                let at = f.sent.max(s.start);
+                struck[i] = Some(struck[i].map_or(at, |before| before.min(at)));
+                latest = latest.max(s.start.saturating_sub(f.replied));
+            }
+        }
+    }
+    let mut count = 0;
+    for (s, struck) in sections.iter_mut().zip(struck) {
+        if let Some(at) = struck {
+            count += 1;
+            s.lost_at = Some(s.lost_at.map_or(at, |told| told.min(at)));
+        }
+    }
+    (count, latest)
 }
 
 /// The checker is not vacuous: it rejects overlapping sections and out-of-order fences, and
@@ -271,6 +505,16 @@ async fn lost_signals_are_timed_by_the_instant_they_carry() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutual_exclusion_holds_under_faults() {
+    torture(false).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_exclusion_holds_with_force_unlocks_and_stale_identities() {
+    torture(true).await
+}
+
+/// The torture run; `breaking` adds the operator's force-unlocks and the identity paths.
+async fn torture(breaking: bool) {
     let server = RedisServer::start();
     let raw = server.raw().await;
     let lease = Duration::from_secs(2);
@@ -287,9 +531,25 @@ async fn mutual_exclusion_holds_under_faults() {
                 .unwrap(),
         );
     }
-    let log = Arc::new(Mutex::new(Vec::new()));
+    let log = Arc::new(Mutex::new(Log::default()));
     let stop = Arc::new(AtomicBool::new(false));
     let faults = tokio::spawn(inject_faults(server.raw().await, stop.clone()));
+    // Another client of its own, as an operator's tool would be.
+    let operator_client = Client::builder()
+        .url(server.url())
+        .watchdog_lease(lease)
+        .connect()
+        .await
+        .unwrap();
+    let operator = breaking.then(|| {
+        let operator = operator_client.clone();
+        tokio::spawn(operate(
+            operator,
+            log.clone(),
+            stop.clone(),
+            fastrand::u64(..),
+        ))
+    });
 
     let seed = fastrand::u64(..);
     println!("seed {seed}");
@@ -298,7 +558,7 @@ async fn mutual_exclusion_holds_under_faults() {
     for (c, client) in clients.iter().enumerate() {
         let worker_at = |t: usize| {
             let task_seed = seed ^ ((c * TASKS_PER_CLIENT + t) as u64).wrapping_mul(0x9E37_79B9);
-            worker(client.clone(), log.clone(), task_seed)
+            worker(client.clone(), log.clone(), task_seed, breaking)
         };
         // Two workers joined in each task: futures sharing a task contend as separate tasks
         // do (invariant 14), and must exclude each other just the same.
@@ -321,39 +581,81 @@ async fn mutual_exclusion_holds_under_faults() {
     }
     stop.store(true, Ordering::Release);
     let injected = faults.await.unwrap();
+    let forced = match operator {
+        Some(operator) => operator.await.unwrap(),
+        None => Vec::new(),
+    };
     let elapsed = started.elapsed();
     assert_eq!(finished, CLIENTS * TASKS_PER_CLIENT);
 
     // The checker.
-    let sections = log.lock().clone();
+    let Log {
+        mut sections,
+        fields,
+    } = log.lock().clone();
     let lost = sections.iter().filter(|s| s.lost()).count();
+    let (struck, latest_run) = struck_by(&mut sections, &fields, &forced);
     let mut checked = 0;
     for (n, name) in NAMES.iter().enumerate() {
         let mine: Vec<&Section> = sections.iter().filter(|s| s.name == n).collect();
-        checked += check_history(name, &mine).unwrap_or_else(|e| panic!("{e}"));
+        checked += check_history(name, &mine).unwrap_or_else(|e| {
+            // Where the overlap is: the sections around it, their fields, the forces near.
+            let at = mine.iter().find(|s| e.contains(&format!("+{:?}", s.start)));
+            if let Some(at) = at {
+                for (s, f) in sections.iter().zip(&fields) {
+                    if s.name == n && s.start.abs_diff(at.start) < Duration::from_millis(40) {
+                        eprintln!(
+                            "  {f} {:?}..{:?} told {:?} fence {:?}",
+                            s.start, s.end, s.lost_at, s.fence
+                        );
+                    }
+                }
+                for f in forced.iter().filter(|f| {
+                    f.name == n && f.sent.abs_diff(at.start) < Duration::from_millis(300)
+                }) {
+                    eprintln!("  forced {:?}..{:?}", f.sent, f.replied);
+                }
+            }
+            panic!("{e}")
+        });
         let fence: i64 = raw.get(format!("fence:{name}")).await.unwrap();
         assert_eq!(fence as usize, mine.len(), "{name}: one fence per section");
         let counter: Option<i64> = raw.get(format!("counter:{name}")).await.unwrap();
-        assert_eq!(
-            counter.unwrap_or(0) as usize,
-            mine.len(),
-            "{name}: the non-atomic counter is exact"
+        // A section a force-unlock struck may overlap the next and lose its increment.
+        let struck_here = mine.iter().filter(|s| s.lost()).count();
+        let counted = counter.unwrap_or(0) as usize;
+        assert!(
+            counted <= mine.len() && counted + struck_here >= mine.len(),
+            "{name}: the non-atomic counter is exact but for struck sections: {counted} of {} \
+             ({struck_here} struck or lost)",
+            mine.len()
         );
         let exists: i64 = raw.exists(*name).await.unwrap();
         assert_eq!(exists, 0, "{name}: nothing left held");
     }
     println!(
-        "checked {checked} acquisitions ({} sections, {lost} lost leases, {misses} missed tries) \
-         from {finished} workers in {elapsed:?}; faults injected: {injected:?}",
-        sections.len()
+        "checked {checked} acquisitions ({} sections, {lost} lost leases, {misses} missed tries, \
+         {} force-unlocks striking {struck} sections, runs ending {latest_run:?} after one at most) from \
+         {finished} workers in {elapsed:?}; \
+         faults injected: {injected:?}",
+        sections.len(),
+        forced.len(),
     );
-    assert_eq!(
-        lost, 0,
-        "no lease was lost: every fault was shorter than the lease"
-    );
+    if breaking {
+        assert!(!forced.is_empty(), "the operator forced some holds");
+        // The run ends when the unlock message reaches the client (before it: the run's
+        // own 50 ms bound, or the next renewal); generous for a loaded machine.
+        eprintln!("torture: runs of hand-offs went on at most {latest_run:?} after a force-unlock");
+    } else {
+        assert_eq!(
+            lost, 0,
+            "no lease was lost: every fault was shorter than the lease"
+        );
+    }
     assert!(injected.len() >= 3, "every kind of fault ran: {injected:?}");
     assert!(checked > 500, "enough history to mean something: {checked}");
     for client in clients {
         client.shutdown().await.unwrap();
     }
+    operator_client.shutdown().await.unwrap();
 }

@@ -39,6 +39,8 @@ pub(crate) struct Bounded {
     deadline: Instant,
     /// Armed on the first poll no inline [`Finish`] watches (boxed: rarely made).
     timer: Option<Pin<Box<Sleep>>>,
+    /// Takes the call, still in flight, when its bound passes (see [`Bounded::or_late`]).
+    late: Option<Box<dyn FnOnce(Call) + Send>>,
 }
 
 impl Bounded {
@@ -47,7 +49,16 @@ impl Bounded {
             call,
             deadline: Instant::now() + bound,
             timer: None,
+            late: None,
         }
+    }
+
+    /// Past its bound the call is handed to `late`, still in flight, instead of dropped: a
+    /// call given up on a healthy connection (a stalled server) still runs there, and what
+    /// its late reply did may have to be undone (a semaphore's permits given back).
+    pub(crate) fn or_late(mut self, late: impl FnOnce(Call) + Send + 'static) -> Bounded {
+        self.late = Some(Box::new(late));
+        self
     }
 }
 
@@ -67,6 +78,12 @@ impl Future for Bounded {
                 .insert(Box::pin(tokio::time::sleep_until(deadline))),
         };
         ready!(timer.as_mut().poll(cx));
+        if let Some(late) = self.late.take() {
+            late(std::mem::replace(
+                &mut self.call,
+                Box::pin(std::future::pending()),
+            ));
+        }
         Poll::Ready(Err(Failed::MaybeRan(FredError::new(
             ErrorKind::Timeout,
             "no reply within four command timeouts",
@@ -176,6 +193,24 @@ mod tests {
         let outcome = Bounded::new(never(), Duration::from_secs(4)).await;
         assert!(is_unknown(&outcome), "{outcome:?}");
         assert_eq!(start.elapsed(), Duration::from_secs(4));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_past_its_bound_is_handed_over_still_in_flight() {
+        let (reply, replied) = tokio::sync::oneshot::channel::<Value>();
+        let call: Call = Box::pin(async move { Ok(replied.await.unwrap()) });
+        let (late, handed) = tokio::sync::oneshot::channel::<Call>();
+        let outcome = Bounded::new(call, Duration::from_secs(4))
+            .or_late(move |call| drop(late.send(call)))
+            .await;
+        assert!(is_unknown(&outcome), "{outcome:?}");
+        let call = handed.await.expect("the call was handed over");
+        reply.send(Value::from(1)).unwrap();
+        assert_eq!(
+            call.await.unwrap(),
+            Value::from(1),
+            "its late reply arrives"
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -293,10 +293,14 @@ impl<K: Kind> Guard<K> {
             || self.hold.entry.is_lost(self.hold.generation)
     }
 
-    /// The owner this hold belongs to (`<client uuid>:<number>`, the hash field in Redis). A
-    /// hold handed on in memory by a release of this client keeps its field, so its owner is
-    /// the one that took it from Redis (see [`Lock`](crate::Lock)).
+    /// The owner this hold belongs to (`<client uuid>:<number>`, the hash field in Redis).
+    ///
+    /// Whoever has the owner can re-enter this hold (with
+    /// [`with_owner`](crate::Lock::with_owner)), in this process or another, so once it is
+    /// read, this hold's release passes the lock on with a write under the next holder's own
+    /// owner, never in memory under this one's (see [`Lock`](crate::Lock)).
     pub fn owner(&self) -> Owner {
+        self.hold.entry.give_out(self.hold.generation);
         self.kind
             .owner_part(&self.hold.field)
             .parse()
@@ -433,9 +437,10 @@ async fn release<K: Kind>(kind: K, hold: Hold, extra: K::Extra) -> Result<()> {
     if let Some(passing) = passing {
         match &outcome {
             Ok(reply) if reply.as_i64() == Some(PASSED) => {
-                if conn.is_closed() {
-                    // Shutting down (it waits for the next owner's turn, held here): the
-                    // waiter gets no guard, so its hold goes as an acquire's would.
+                if conn.is_closed() || passing.turn.ended_before_reply(1, passing.lease, sent_at) {
+                    // Shutting down, or the pass's reply came after the lease it wrote had
+                    // ended by the local clock (invariant 18): the waiter gets no guard, and
+                    // the hold the pass wrote goes as an acquire's would.
                     passing.undo(conn, ops, named.name()).await;
                 } else {
                     passing.hand_over(&kind, sent_at);
@@ -555,8 +560,14 @@ fn hand_on<K: Kind>(kind: &K, hold: &Hold, turn: &Turn, claim: Claim, extra: K::
         claim.withdraw();
         return Handing::Ordinary;
     }
+    if kind.explicit_owner().is_some() {
+        // Its owner was named from outside, and whoever named it can re-enter the field: the
+        // next holder gets a field of its own, written by the pass script (invariant 16).
+        return Handing::Script(claim);
+    }
     let next = claim.baton().lease;
-    let registered = match turn.hand_on(hold.generation, hold.lease, next, LOCAL_RUN_FOR) {
+    let heard = claim.unlock_heard();
+    let registered = match turn.hand_on(hold.generation, hold.lease, next, LOCAL_RUN_FOR, heard) {
         HandOn::Handed(registered) => registered,
         HandOn::RunOver => {
             claim.withdraw();

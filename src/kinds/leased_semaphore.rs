@@ -436,7 +436,7 @@ impl LeasedSemaphore {
     /// when the permit was held, `false` when there is no such permit or its lease had
     /// already ended (it is reclaimed then, never revived, as Redisson does). Every permit
     /// whose lease ended is reclaimed first. Refused with [`Error::InvalidArgument`] for a
-    /// lease shorter than 1 ms or longer than [`MAX_LEASE`](crate::MAX_LEASE).
+    /// lease shorter than [`MIN_LEASE`](crate::MIN_LEASE) or longer than [`MAX_LEASE`](crate::MAX_LEASE).
     ///
     /// Meant for permits held by id (a Java peer's, or one known only by its id). A
     /// [`LeasedPermit`] of this client keeps its own view: the watchdog goes on renewing a

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use fred::types::Value;
 
-use crate::config::MAX_LEASE;
+use crate::config::{MAX_LEASE, MIN_LEASE};
 use crate::conn::LuaScript;
 use crate::{Error, Result};
 // The kinds take the engine's vocabulary from here with the rest of what they share.
@@ -65,9 +65,10 @@ pub(crate) fn decode_counted<E>(
 
 /// Converts a lease to the milliseconds Redis takes, refusing what it cannot take.
 pub(crate) fn lease_millis(lease: Duration) -> Result<i64> {
-    if lease < Duration::from_millis(1) {
+    if lease < MIN_LEASE {
         return Err(Error::InvalidArgument(format!(
-            "lease {lease:?} is shorter than 1 ms"
+            "lease {lease:?} is shorter than {MIN_LEASE:?}: too short to be known valid \
+             once its round trip and the clock-drift allowance are counted"
         )));
     }
     if lease > MAX_LEASE {
@@ -234,7 +235,8 @@ mod tests {
     fn leases_are_checked() {
         assert!(lease_millis(Duration::ZERO).is_err());
         assert!(lease_millis(Duration::from_micros(999)).is_err());
-        assert_eq!(lease_millis(Duration::from_millis(1)).unwrap(), 1);
+        assert!(lease_millis(MIN_LEASE - Duration::from_micros(1)).is_err());
+        assert_eq!(lease_millis(MIN_LEASE).unwrap(), 10);
         assert!(lease_millis(Duration::MAX).is_err());
         assert!(lease_millis(MAX_LEASE).is_ok());
     }

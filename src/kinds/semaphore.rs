@@ -623,12 +623,30 @@ async fn take(inner: Arc<Inner>, permits: u32, recheck_ms: u64) -> Result<Try<Se
         &[&named.key],
         vec![Value::from(i64::from(permits))],
     );
-    let reply = match bounded(call, conn).await {
+    // Given up past its bound, the call still runs on a healthy connection: permits its late
+    // reply took are given back.
+    let late = {
+        let inner = inner.clone();
+        move |call: crate::conn::Call| {
+            let runtime = inner.named.client.conn.runtime().clone();
+            runtime.spawn(async move {
+                let reply = match call.await {
+                    Ok(reply) | Err(Failed::Unreplicated { reply, .. }) => reply,
+                    Err(_) => return,
+                };
+                if reply.as_i64() == Some(1) {
+                    tracing::info!(semaphore = %inner.named.name(), permits, "an acquire given up past its bound took permits when it ran: giving them back");
+                    drop(SemaphorePermit::new(inner, permits));
+                }
+            });
+        }
+    };
+    let reply = match bounded(call, conn).or_late(late).await {
         Ok(reply) => reply,
         Err(failed) => {
             match &failed {
                 Failed::MaybeRan(_) => {
-                    tracing::warn!(semaphore = %named.name(), permits, "the connection broke with an acquire in flight: its permits may be taken and cannot be given back");
+                    tracing::warn!(semaphore = %named.name(), permits, "an acquire in flight got no reply: if the connection broke, its permits may be taken and cannot be given back");
                 }
                 // Taken on the primary only: it does not count; dropping them gives them back.
                 Failed::Unreplicated { reply, .. } if reply.as_i64() == Some(1) => {

@@ -286,3 +286,81 @@ async fn network_cut_fires_lost_errors_promptly_and_recovers() {
     holder.shutdown().await.unwrap();
     other.shutdown().await.unwrap();
 }
+
+/// Invariant 18: an acquire whose validity ended before its reply came (the server paused
+/// past the lease) is released and retried within the caller's wait, never handed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_whose_lease_ended_before_its_reply_is_never_handed_out() {
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let client = client_with(&server.url(), RENEWED_LEASE, Duration::from_secs(5)).await;
+    let lock = client.lock("stalled-acquire");
+    let lease = Duration::from_secs(1);
+    let pause = Duration::from_millis(2500);
+    let _ = command(
+        &raw,
+        "CLIENT",
+        vec![
+            "PAUSE".into(),
+            pause.as_millis().to_string(),
+            "WRITE".into(),
+        ],
+    )
+    .await;
+    let guard = lock
+        .try_lock_with_lease(Duration::from_secs(15), lease)
+        .await
+        .unwrap()
+        .expect("acquired once the server answers again");
+    assert!(
+        !guard.is_lost(),
+        "handed out a guard lost {:?} ago",
+        guard.lost_at().map(|at| at.elapsed())
+    );
+    let fields: std::collections::HashMap<String, i64> =
+        raw.hgetall("stalled-acquire").await.unwrap();
+    assert_eq!(
+        fields.values().sum::<i64>(),
+        1,
+        "one hold, the one handed out: {fields:?}"
+    );
+    guard.unlock().await.unwrap();
+    client.shutdown().await.unwrap();
+}
+
+/// A semaphore acquire given up after its call bound on a healthy connection still runs
+/// when the server answers: the permits its late reply took are given back, not lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphore_acquire_past_its_bound_gives_the_permits_of_its_late_reply_back() {
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let timeout = Duration::from_millis(300);
+    let client = client_with(&server.url(), RENEWED_LEASE, timeout).await;
+    let semaphore = client.semaphore("stalled-permits");
+    assert!(semaphore.try_set_permits(4).await.unwrap());
+    // Past four command timeouts (the call's bound), short of the test's patience.
+    let pause = timeout * 4 + Duration::from_millis(1500);
+    let _ = command(
+        &raw,
+        "CLIENT",
+        vec![
+            "PAUSE".into(),
+            pause.as_millis().to_string(),
+            "WRITE".into(),
+        ],
+    )
+    .await;
+    let taken = futures::future::join_all((0..4).map(|_| semaphore.try_acquire(1))).await;
+    for outcome in &taken {
+        assert!(outcome.is_err(), "given up past its bound: {outcome:?}");
+    }
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            semaphore.available_permits().await.ok() == Some(4)
+        })
+        .await,
+        "the late replies' permits were not given back: {:?} available",
+        semaphore.available_permits().await
+    );
+    client.shutdown().await.unwrap();
+}

@@ -3,10 +3,16 @@
 use super::*;
 use crate::support::monitor::{self, Monitor, ScriptRuns};
 
-/// A client whose watchdog renews only every 100 s, so that renewal scripts stay out of
-/// EVALSHA counts taken over a few seconds.
+/// A client whose watchdog renews (and checks its holds) only every 100 s, so that renewal
+/// scripts stay out of EVALSHA counts taken over a few seconds.
 async fn rarely_renewing_client(server: &RedisServer) -> Client {
-    short_lease_client(server, Duration::from_secs(300)).await
+    Client::builder()
+        .url(server.url())
+        .watchdog_lease(Duration::from_secs(300))
+        .lease_check_interval(Duration::from_secs(100))
+        .connect()
+        .await
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -180,3 +180,81 @@ pub async fn lost_fires<K: Family>() {
     a.shutdown().await.unwrap();
     b.shutdown().await.unwrap();
 }
+
+/// Invariant 8, soon: with the default settings (a 30 s watchdog lease, renewed every 10 s),
+/// a holder is told that another client force-unlocked its lock within about the lease check
+/// interval (500 ms), not at its next renewal.
+pub async fn force_unlock_is_felt_within_a_second<K: Family>() {
+    let server = RedisServer::start();
+    let a = Client::connect(&server.url()).await.unwrap();
+    let b = client(&server).await;
+    let kind = K::KIND;
+    let held = K::make(&a, NAME).lock().await.unwrap();
+    assert!(
+        K::make(&b, NAME).force_unlock().await.unwrap(),
+        "{kind}: force_unlock found the hold"
+    );
+    let forced = Instant::now();
+    // Generous for a loaded machine: the renewal, the old way to learn it, is 10 s away.
+    tokio::time::timeout(Duration::from_secs(3), held.lost())
+        .await
+        .unwrap_or_else(|_| panic!("{kind}: not told of the force-unlock within 3 s"));
+    eprintln!(
+        "{kind}: told of a force-unlock after {:?}",
+        forced.elapsed()
+    );
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
+
+/// Invariant 11 on a healthy connection: an acquire given up after its call bound (four
+/// command timeouts) while the server stalls still runs when it answers; the hold it took is
+/// settled (trimmed back to what the client accounts for: none), so the lock is free for
+/// another client soon after the stall, not for a whole lease.
+pub async fn a_stall_past_the_call_bound_leaves_nothing_held<K: Family>() {
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let timeout = Duration::from_millis(300);
+    let a = Client::builder()
+        .url(server.url())
+        .command_timeout(timeout)
+        .connect()
+        .await
+        .unwrap();
+    let b = client(&server).await;
+    let kind = K::KIND;
+    // Loads the scripts and warms the connection.
+    drop(K::make(&a, NAME).try_lock().await.unwrap());
+    let pause = timeout * 4 + Duration::from_millis(1000);
+    let _: fred::types::Value = raw
+        .custom(
+            fred::types::CustomCommand::new_static("CLIENT", None, false),
+            vec![
+                "PAUSE".to_owned(),
+                pause.as_millis().to_string(),
+                "WRITE".to_owned(),
+            ],
+        )
+        .await
+        .unwrap();
+    let paused_at = Instant::now();
+    let outcome = K::make(&a, NAME).try_lock().await;
+    assert!(
+        outcome.is_err(),
+        "{kind}: given up during the stall: {}",
+        describe(&outcome)
+    );
+    // The stall ends; the late acquire runs and is settled. Another client then gets it
+    // within a few seconds, not after the 30 s lease.
+    tokio::time::sleep_until(paused_at + pause).await;
+    let taken = K::rival(&b, NAME)
+        .try_lock_for(Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert!(
+        taken.is_some(),
+        "{kind}: the late acquire's hold was left behind"
+    );
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}

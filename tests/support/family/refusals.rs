@@ -201,6 +201,7 @@ pub async fn bad_input_is_refused_before_anything_is_sent<K: Family>() {
     for lease in [
         Duration::ZERO,
         Duration::from_micros(999),
+        redbaton::MIN_LEASE - Duration::from_micros(1),
         redbaton::MAX_LEASE + Duration::from_millis(1),
         Duration::MAX,
     ] {
@@ -231,10 +232,7 @@ pub async fn bad_input_is_refused_before_anything_is_sent<K: Family>() {
         .unwrap()
         .expect("an endless wait re-enters");
     let longest = owned.lock_with_lease(redbaton::MAX_LEASE).await.unwrap();
-    let shortest = owned
-        .lock_with_lease(Duration::from_millis(1))
-        .await
-        .unwrap();
+    let shortest = owned.lock_with_lease(redbaton::MIN_LEASE).await.unwrap();
     assert_eq!(owned.hold_count().await.unwrap(), 4);
     for held in [shortest, longest, again, held] {
         held.unlock().await.unwrap();
