@@ -42,16 +42,11 @@ impl Peer for redbaton::WriteLock {
 /// A redbaton waiter (`lock()`) on `lock`, parked where nobody listened before: resolves to
 /// when it acquired (ms) and its hold.
 pub async fn rust_waiter<K: Family>(env: &Env, lock: &K) -> tokio::task::JoinHandle<(f64, Held)> {
-    let channel = lock.channel();
-    env.no_subscribers(&channel).await;
-    let before = env.scripts().await;
     let waiting = lock.clone();
-    let waiter = tokio::spawn(async move {
-        let held = waiting.lock().await.unwrap();
-        (now_ms(), held)
-    });
-    env.parked(&channel, before).await;
-    waiter
+    parked_task(env, &lock.channel(), async move {
+        waiting.lock().await.unwrap()
+    })
+    .await
 }
 
 /// A Java waiter (`lock()`) on `lock`, parked on a channel under `channel` where nobody
@@ -61,23 +56,7 @@ pub async fn java_waiter(
     lock: &JavaLock,
     channel: &str,
 ) -> tokio::task::JoinHandle<Reply> {
-    env.no_subscribers(channel).await;
-    let before = env.scripts().await;
-    let waiter = lock.spawn_lock(None);
-    env.parked(channel, before).await;
-    waiter
-}
-
-/// When a Java acquire running in the background returned (ms); it must succeed.
-pub async fn java_acquired(
-    what: &str,
-    limit: Duration,
-    waiter: tokio::task::JoinHandle<Reply>,
-) -> f64 {
-    within(what, limit, waiter)
-        .await
-        .unwrap_or_else(|e| panic!("{what}: {e:?}"))
-        .t1
+    parked_java(env, channel, || lock.spawn_lock(None)).await
 }
 
 /// Each side keeps the other out, and each side's release wakes the other's parked waiter by

@@ -19,14 +19,14 @@ mod support;
 #[allow(unused_imports, unused_macros)]
 mod family;
 
-// mod cluster;
-// mod fair;
-// mod fenced;
+mod cluster;
+mod fair;
+mod fenced;
 mod locks;
-// mod multi;
+mod multi;
 mod peer;
-// mod rwlock;
-// mod semaphores;
+mod rwlock;
+mod semaphores;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -69,6 +69,49 @@ async fn within<T>(what: &str, limit: Duration, task: tokio::task::JoinHandle<T>
         .await
         .unwrap_or_else(|_| panic!("{what}: not done within {limit:?}"))
         .unwrap()
+}
+
+/// `acquire` in a task of its own, parked on a channel under `channel` where nobody listened
+/// before (see [`Env::parked`]): resolves to when it acquired (ms) and what it got.
+async fn parked_task<T: Send + 'static>(
+    env: &Env,
+    channel: &str,
+    acquire: impl std::future::Future<Output = T> + Send + 'static,
+) -> tokio::task::JoinHandle<(f64, T)> {
+    env.no_subscribers(channel).await;
+    let before = env.scripts().await;
+    let waiter = tokio::spawn(async move {
+        let got = acquire.await;
+        (now_ms(), got)
+    });
+    env.parked(channel, before).await;
+    waiter
+}
+
+/// A Java call made by `spawn` (a waiting acquire), parked on a channel under `channel` where
+/// nobody listened before.
+async fn parked_java(
+    env: &Env,
+    channel: &str,
+    spawn: impl FnOnce() -> tokio::task::JoinHandle<peer::Reply>,
+) -> tokio::task::JoinHandle<peer::Reply> {
+    env.no_subscribers(channel).await;
+    let before = env.scripts().await;
+    let waiter = spawn();
+    env.parked(channel, before).await;
+    waiter
+}
+
+/// When a Java acquire running in the background returned (ms); it must succeed.
+async fn java_acquired(
+    what: &str,
+    limit: Duration,
+    waiter: tokio::task::JoinHandle<peer::Reply>,
+) -> f64 {
+    within(what, limit, waiter)
+        .await
+        .unwrap_or_else(|e| panic!("{what}: {e:?}"))
+        .t1
 }
 
 /// Where the locks live.
@@ -192,13 +235,16 @@ impl Env {
         sum
     }
 
-    /// Subscribers, classic and sharded, on every node, of the channels that start with
-    /// `prefix` (a fair lock's waiters each have a channel of their own under its prefix).
-    pub async fn subscribers(&self, prefix: &str) -> i64 {
+    /// Subscribers on every node of the channels that start with `prefix` (a fair lock's
+    /// waiters each have a channel of their own under its prefix): classic, then sharded.
+    pub async fn subscribers_by_kind(&self, prefix: &str) -> (i64, i64) {
         let pattern = format!("{}*", glob_escape(prefix));
-        let mut sum = 0;
+        let mut sums = [0, 0];
         for node in &self.nodes {
-            for (list, count) in [("CHANNELS", "NUMSUB"), ("SHARDCHANNELS", "SHARDNUMSUB")] {
+            for (sum, (list, count)) in sums
+                .iter_mut()
+                .zip([("CHANNELS", "NUMSUB"), ("SHARDCHANNELS", "SHARDNUMSUB")])
+            {
                 let channels: Vec<String> = node
                     .custom(
                         CustomCommand::new_static("PUBSUB", None, false),
@@ -214,11 +260,17 @@ impl Env {
                         )
                         .await
                         .unwrap();
-                    sum += reply.get(1).and_then(Value::as_i64).unwrap_or(0);
+                    *sum += reply.get(1).and_then(Value::as_i64).unwrap_or(0);
                 }
             }
         }
-        sum
+        (sums[0], sums[1])
+    }
+
+    /// Subscribers of the channels under `prefix`, classic and sharded.
+    pub async fn subscribers(&self, prefix: &str) -> i64 {
+        let (classic, sharded) = self.subscribers_by_kind(prefix).await;
+        classic + sharded
     }
 
     /// Waits until nobody listens on the channels under `prefix` (a waiter that acquired
@@ -247,6 +299,18 @@ impl Env {
             "the waiter never parked on {prefix}: {} subscribers, {} scripts since it started",
             self.subscribers(prefix).await,
             self.scripts().await - scripts_before
+        );
+        // Both sides in the mode of the test: a waiter in the other one would never hear.
+        let (classic, sharded) = self.subscribers_by_kind(prefix).await;
+        let wrong = if self.mode == PubSubMode::Sharded {
+            classic
+        } else {
+            sharded
+        };
+        assert_eq!(
+            wrong, 0,
+            "{prefix}: a waiter subscribed in the other pub/sub mode than {:?}",
+            self.mode
         );
     }
 

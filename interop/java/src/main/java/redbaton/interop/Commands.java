@@ -124,9 +124,15 @@ final class Commands {
         });
     }
 
+    /** The reply for a call that threw {@code e}: its class, and its message with its causes'. */
     private static String failure(String id, Exception e) {
+        StringBuilder message = new StringBuilder(String.valueOf(e.getMessage()));
+        for (Throwable cause = e.getCause(); cause != null && cause != cause.getCause(); cause = cause.getCause()) {
+            message.append(" (caused by ").append(cause.getClass().getSimpleName()).append(": ")
+                    .append(cause.getMessage()).append(')');
+        }
         return new Json().put("id", id).put("ok", false).put("error", e.getClass().getSimpleName())
-                .put("message", String.valueOf(e.getMessage())).toString();
+                .put("message", message.toString()).toString();
     }
 
     /** A lease or wait in ms; {@code -} is none (-1, Redisson's "no lease"). */
