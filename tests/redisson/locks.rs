@@ -160,6 +160,17 @@ pub async fn reentry_and_inspection<K: Peer>(env: &Env, name: &str) {
     let field = format!("{owner}{}", K::SUFFIX);
     assert_eq!(count(env.fields(&key).await, &field), Some(2), "{kind}");
     assert_eq!(j1.hold_count().await, 2, "{kind}");
+    let state = plain.state().await.unwrap();
+    let holds: Vec<_> = state
+        .owners
+        .iter()
+        .map(|h| (h.owner.as_str(), h.count))
+        .collect();
+    assert_eq!(
+        holds,
+        [(owner.to_string().as_str(), 2)],
+        "{kind}: the state lists Redisson's hold"
+    );
     let as_java = lock.with_owner(owner.clone());
     assert_eq!(
         as_java.hold_count().await.unwrap(),

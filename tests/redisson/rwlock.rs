@@ -25,7 +25,7 @@ pub async fn readers_share_across_both_sides(env: &Env, name: &str) {
     let java_owner = java.owner(1).await;
     let state = rw.state().await.unwrap();
     assert_eq!(state.mode, Some(ReadWriteMode::Read));
-    let mut owners: Vec<String> = state.owners.iter().map(|h| h.owner.to_string()).collect();
+    let mut owners: Vec<String> = state.owners.iter().map(|h| h.owner.clone()).collect();
     owners.sort();
     let mut expected = vec![java_owner.clone(), mine.owner().to_string()];
     expected.sort();
@@ -50,7 +50,7 @@ pub async fn readers_share_across_both_sides(env: &Env, name: &str) {
     );
     let state = rw.state().await.unwrap();
     assert_eq!(state.owners.len(), 1, "{state:?}");
-    assert_eq!(state.owners[0].owner, mine.owner());
+    assert_eq!(state.owners[0].owner, mine.owner().to_string());
     assert!(
         !jw.try_lock(Some(Duration::ZERO), None).await,
         "still read-held"
