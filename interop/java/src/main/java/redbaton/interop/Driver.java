@@ -30,6 +30,8 @@ import org.redisson.config.ShardedSubscriptionMode;
  *             --sharded on|off                       cluster only: shardedSubscriptionMode
  *             --watchdog MS                          lockWatchdogTimeout (default 30000)
  *             --timeout MS                           command timeout (default 3000)
+ *             --retries N                            retryAttempts (default Redisson's, 4)
+ *             --fair-wait MS                         fairLockWaitTimeout (default 300000)
  * </pre>
  *
  * {@code serve} reads one command a line on stdin and answers each with one JSON line on
@@ -69,13 +71,20 @@ public final class Driver {
         }
         Config config = new Config();
         config.setLockWatchdogTimeout(Long.parseLong(opts.getOrDefault("watchdog", "30000")));
+        if (opts.containsKey("fair-wait")) {
+            config.setFairLockWaitTimeout(Long.parseLong(opts.get("fair-wait")));
+        }
         int timeout = Integer.parseInt(opts.getOrDefault("timeout", "3000"));
+        Integer retries = opts.containsKey("retries") ? Integer.valueOf(opts.get("retries")) : null;
         if (opts.containsKey("cluster")) {
             ClusterServersConfig cluster = config.useClusterServers();
             for (String address : addresses) {
                 cluster.addNodeAddress(address);
             }
             cluster.setTimeout(timeout);
+            if (retries != null) {
+                cluster.setRetryAttempts(retries);
+            }
             String sharded = opts.getOrDefault("sharded", "off");
             cluster.setShardedSubscriptionMode(
                     "on".equals(sharded) ? ShardedSubscriptionMode.ON : ShardedSubscriptionMode.OFF);
@@ -83,7 +92,10 @@ public final class Driver {
             if (addresses.size() != 1) {
                 throw new IllegalArgumentException("a single server takes one address; add --cluster");
             }
-            config.useSingleServer().setAddress(addresses.get(0)).setTimeout(timeout);
+            var single = config.useSingleServer().setAddress(addresses.get(0)).setTimeout(timeout);
+            if (retries != null) {
+                single.setRetryAttempts(retries);
+            }
         }
         return Redisson.create(config);
     }
@@ -105,6 +117,7 @@ public final class Driver {
         Map<String, String> opts = options(args, 1);
         switch (args[0]) {
             case "serve" -> serve(opts);
+            case "soak" -> Soak.run(opts);
             default -> usage();
         }
     }
