@@ -413,6 +413,21 @@ pub(crate) fn print_summary(s: &Summary) {
         waits(Some(false)),
         waits(Some(true))
     );
+    if let Some(longest) = s.records.iter().max_by_key(|r| r.wait_ns) {
+        println!(
+            "  longest              {} by {} (worker {} task {}, {}), section at +{:.1} s",
+            ms(Duration::from_nanos(longest.wait_ns)),
+            longest.op,
+            longest.worker,
+            longest.task,
+            if longest.proxied {
+                "via proxy"
+            } else {
+                "direct"
+            },
+            since(s.epoch, longest.start_ns).as_secs_f64()
+        );
+    }
     // The longest time with no acquisition at all, while the faults ran.
     let mut starts: Vec<u64> = s
         .records

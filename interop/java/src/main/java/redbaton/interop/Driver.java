@@ -117,6 +117,7 @@ public final class Driver {
         Map<String, String> opts = options(args, 1);
         switch (args[0]) {
             case "serve" -> serve(opts);
+            case "bench" -> Bench.run(opts);
             case "soak" -> Soak.run(opts);
             default -> usage();
         }

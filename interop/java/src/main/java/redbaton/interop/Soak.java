@@ -212,6 +212,7 @@ final class Soak {
                     release = acquire(name, call, wait, lease);
                 } catch (Exception e) {
                     counters.add("acquire error: java " + e.getClass().getSimpleName());
+                    log(label + " failed: " + e);
                     sleep(5 + rng.nextInt(45));
                     continue;
                 }
@@ -231,6 +232,7 @@ final class Soak {
                     counters.add(System.nanoTime() > validUntil ? "unlock: lost" : "unlock: found the lock gone (not yet known lost)");
                 } catch (Exception e) {
                     counters.add("unlock error: java " + e.getClass().getSimpleName());
+                    log(label + " unlock failed: " + e);
                 }
             }
         }
@@ -305,6 +307,12 @@ final class Soak {
             history.add(name.index() + " " + start + " " + end + " " + (fence == null ? -1 : fence) + " " + lost
                     + " " + write + " " + newest + " " + (start - called) + " " + label + " "
                     + (proxied ? 1 : 0) + " " + id + " " + task);
+        }
+
+        /** A line in the worker's log (stderr), stamped with the soak's clock. */
+        private void log(String what) {
+            System.err.println("mono " + System.nanoTime() + " ns: java worker " + id + " task " + task
+                    + (proxied ? " (proxied)" : " (direct)") + ": " + what);
         }
 
         /** A script's integer reply, however the codec hands it over. */
