@@ -241,10 +241,19 @@ final class Soak {
         private Release acquire(Name name, int call, long wait, long lease) throws Exception {
             if (name.kind().equals("leased")) {
                 RPermitExpirableSemaphore permits = locks.getPermitExpirableSemaphore(name.name());
-                String permit = call % 2 == 0
-                        ? permits.acquire(lease, TimeUnit.MILLISECONDS)
-                        : permits.tryAcquire(wait, lease, TimeUnit.MILLISECONDS);
-                return permit == null ? null : () -> permits.release(permit);
+                String permit = null;
+                if (call % 2 == 0) {
+                    // Redisson's acquire() waits on the channel alone, with no timer: a message
+                    // lost to a cut connection hangs it for good (a run behind the proxy met it).
+                    // A service must bound it, and so does this worker: 1 s tries until it gets one.
+                    while (permit == null && !stop.get()) {
+                        permit = permits.tryAcquire(1000, lease, TimeUnit.MILLISECONDS);
+                    }
+                } else {
+                    permit = permits.tryAcquire(wait, lease, TimeUnit.MILLISECONDS);
+                }
+                String taken = permit;
+                return taken == null ? null : () -> permits.release(taken);
             }
             RLock lock = switch (name.kind()) {
                 case "lock" -> locks.getLock(name.name());
