@@ -173,9 +173,10 @@
 //!   Redis 7.2 and speaks the same commands.
 //! - **Redisson**: the wire format (keys, fields, TTLs, channels, messages, scripts' effects)
 //!   was checked against Redisson's source at `redisson-4.7.0-62-g66863978b` (4.7.1-SNAPSHOT),
-//!   with older behaviour checked against 3.23.0, 3.24.0 and 3.43.0. The tests share `Lock`s
-//!   with node-redisson 1.0.4 (a Node.js port of `RLock`) and the other kinds with a Redisson
-//!   peer written from that protocol; a Java Redisson is not run here.
+//!   with older behaviour checked against 3.23.0, 3.24.0 and 3.43.0. The tests run every kind
+//!   against the real Java Redisson 4.7.0 (a core set against 3.52.0), both ways, on a single
+//!   node and a cluster with classic and sharded pub/sub, and share `Lock`s with node-redisson
+//!   1.0.4 (a Node.js port of `RLock`).
 //! - **fred**: redbaton is built on fred 10 and re-exports it as [`fred`].
 //!
 //! ## Features

@@ -731,3 +731,39 @@ async fn names_with_braces_and_unicode() {
     holder.shutdown().await.unwrap();
     waiters.shutdown().await.unwrap();
 }
+
+/// A lock held by node-redisson with its own default owner field (`<client uuid>:<lock
+/// uuid>`, not Redisson's `<uuid>:<thread>`): `state()` lists the field as it is, redbaton is
+/// kept out, and a force-unlock frees it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_held_with_node_redissons_own_owner_field_is_inspected_and_broken() {
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let node = Node::start(&server, None).await;
+    let rust = client(&server).await;
+    let lock = rust.lock("node:own-owner");
+    let reply = node
+        .call(format!("lock - {} - -", hex(lock.name())))
+        .await
+        .expect("node lock");
+    assert_eq!(reply[0], "1");
+    let fields: HashMap<String, i64> = raw.hgetall(lock.name()).await.unwrap();
+    let (field, count) = fields.into_iter().next().expect("held");
+    let (client_id, holder) = field.split_once(':').unwrap();
+    assert_eq!(client_id, node.id);
+    assert!(
+        holder.parse::<u64>().is_err(),
+        "the port's own format: {field}"
+    );
+    let state = lock.state().await.expect("a lock held by node-redisson");
+    let holds: Vec<_> = state
+        .owners
+        .iter()
+        .map(|h| (h.owner.to_string(), h.count))
+        .collect();
+    assert_eq!(holds, vec![(field.clone(), count as u64)]);
+    assert!(lock.try_lock().await.unwrap().is_none());
+    assert!(lock.force_unlock().await.unwrap());
+    assert!(!lock.is_locked().await.unwrap());
+    rust.shutdown().await.unwrap();
+}

@@ -7,7 +7,7 @@ mod support;
 use std::time::Duration;
 
 use fred::prelude::*;
-use redbaton::{Client, Error, LockState, Owner, PubSubMode, ReadWriteMode};
+use redbaton::{Client, Error, LockState, PubSubMode, ReadWriteMode};
 use support::{eventually, RedisServer};
 
 async fn client(server: &RedisServer, mode: PubSubMode) -> Client {
@@ -40,7 +40,7 @@ async fn owners_counts_ttl_and_waiters(mode: PubSubMode) {
         .iter()
         .map(|h| (&h.owner, h.count, h.mode))
         .collect();
-    assert_eq!(holds, vec![(&g1.owner(), 2, None)]);
+    assert_eq!(holds, vec![(&g1.owner().to_string(), 2, None)]);
     assert_eq!(state.mode, None);
     assert_eq!(state.hold_count(), 2);
     let ttl = state.ttl.unwrap();
@@ -109,7 +109,7 @@ async fn state_refuses_keys_that_are_not_locks() {
 }
 
 /// The holds of `state` as (owner, count, half), to compare at once.
-fn holds(state: &LockState) -> Vec<(Owner, u64, Option<ReadWriteMode>)> {
+fn holds(state: &LockState) -> Vec<(String, u64, Option<ReadWriteMode>)> {
     state
         .owners
         .iter()
@@ -135,8 +135,8 @@ async fn read_write_lock_state_has_its_mode_and_halves() {
     let state = rw.state().await.unwrap();
     assert_eq!(state.mode, Some(ReadWriteMode::Read));
     let mut readers = vec![
-        (r1.owner(), 2, Some(ReadWriteMode::Read)),
-        (r2.owner(), 1, Some(ReadWriteMode::Read)),
+        (r1.owner().to_string(), 2, Some(ReadWriteMode::Read)),
+        (r2.owner().to_string(), 1, Some(ReadWriteMode::Read)),
     ];
     readers.sort();
     assert_eq!(holds(&state), readers);
@@ -160,8 +160,8 @@ async fn read_write_lock_state_has_its_mode_and_halves() {
     assert_eq!(
         holds(&state),
         vec![
-            (w.owner(), 2, Some(ReadWriteMode::Read)),
-            (w.owner(), 1, Some(ReadWriteMode::Write)),
+            (w.owner().to_string(), 2, Some(ReadWriteMode::Read)),
+            (w.owner().to_string(), 1, Some(ReadWriteMode::Write)),
         ]
     );
     r2.unlock().await.unwrap();
@@ -187,4 +187,78 @@ async fn read_write_lock_state_has_its_mode_and_halves() {
         .unwrap();
     client.shutdown().await.unwrap();
     waiter.shutdown().await.unwrap();
+}
+
+/// The owner fields of the peers that share redbaton's locks, each in its own format:
+/// Redisson's `<client uuid>:<thread id>` and node-redisson's default `<client uuid>:<lock
+/// uuid>`.
+const PEER_FIELDS: [(&str, &str); 2] = [
+    ("Redisson", "157ddcf5-0cc2-445d-bdea-98160a459bd5:42"),
+    (
+        "node-redisson",
+        "0c5f3b0e-3a7d-4c1e-9a57-1b1d2f6a8e44:6f9c2d7a-48e1-4b0f-bc3e-5d8a9e1f2c37",
+    ),
+];
+
+/// A lock held by a peer, whatever its owner format, is reported with the owner field as it
+/// is, for every kind kept in a hash (a lock, which a fenced lock is; a fair lock, with a queue;
+/// a read/write lock in either mode), and force-unlocked.
+#[tokio::test]
+async fn foreign_owners_are_reported_as_they_are() {
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let client = client(&server, PubSubMode::Classic).await;
+    for (peer, field) in PEER_FIELDS {
+        // A lock (or fenced lock) held twice, and a fair lock with that owner queued too.
+        for name in ["foreign:lock", "foreign:fair"] {
+            let () = raw.hset(name, (field, 2)).await.unwrap();
+            let () = raw.pexpire(name, 60_000, None).await.unwrap();
+            if name == "foreign:fair" {
+                let queue = client.fair_lock(name).queue_key().to_owned();
+                let _: i64 = raw.rpush(&queue, field).await.unwrap();
+            }
+            let state = client
+                .lock(name)
+                .state()
+                .await
+                .unwrap_or_else(|e| panic!("{peer} {name}: {e:?}"));
+            assert_eq!(holds(&state), vec![(field.to_owned(), 2, None)], "{peer}");
+            assert!(
+                client.lock(name).force_unlock().await.unwrap(),
+                "{peer} {name}"
+            );
+            let _: i64 = raw.del(client.fair_lock(name).queue_key()).await.unwrap();
+        }
+        // A read/write lock: a reader in read mode; a writer that also reads in write mode.
+        let name = "foreign:rw";
+        let () = raw
+            .hset(name, [("mode", "read"), (field, "1")])
+            .await
+            .unwrap();
+        let () = raw.pexpire(name, 60_000, None).await.unwrap();
+        let rw = client.read_write_lock(name);
+        let state = rw.state().await.unwrap_or_else(|e| panic!("{peer}: {e:?}"));
+        assert_eq!(
+            holds(&state),
+            vec![(field.to_owned(), 1, Some(ReadWriteMode::Read))],
+            "{peer}"
+        );
+        let writer = format!("{field}:write");
+        let () = raw
+            .hset(name, [("mode", "write"), (writer.as_str(), "1")])
+            .await
+            .unwrap();
+        let state = rw.state().await.unwrap_or_else(|e| panic!("{peer}: {e:?}"));
+        assert_eq!(state.mode, Some(ReadWriteMode::Write), "{peer}");
+        assert_eq!(
+            holds(&state),
+            vec![
+                (field.to_owned(), 1, Some(ReadWriteMode::Read)),
+                (field.to_owned(), 1, Some(ReadWriteMode::Write)),
+            ],
+            "{peer}"
+        );
+        assert!(rw.write().force_unlock().await.unwrap(), "{peer}");
+    }
+    client.shutdown().await.unwrap();
 }

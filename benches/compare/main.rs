@@ -15,6 +15,10 @@
 //! Sizes are flags: `cargo bench --bench compare -- secs=2 procs=4 only=handoff,wakeup`, or
 //! the same as environment variables (`RB_SECS=2`). See `Opts` (harness.rs) for the list.
 //!
+//! `redisson-java` (scenario `java`) runs the real Java Redisson (interop/java, built by
+//! `scripts/install-java-peer.sh`) beside redbaton in uncontended, many-keys, wake-up and
+//! hand-off runs of the same sizes (`java.rs`).
+//!
 //! `json=path` also writes the JSON lines to that file (relative paths are taken from the
 //! workspace root), which `cargo bench --bench chart` turns into the wake-up latency chart.
 //!
@@ -27,6 +31,7 @@ mod counters;
 mod fred_client;
 mod handoff;
 mod harness;
+mod java;
 mod many_keys;
 mod parked;
 mod report;
@@ -281,6 +286,9 @@ async fn main() {
             );
             many.push((k, rate, cmds));
         }
+    }
+    if opts.runs("java") {
+        java::java_side_by_side(&server, &raw, &opts, &mut out).await;
     }
     let mut parked_result = None;
     if opts.runs("parked") && has_rb {

@@ -11,6 +11,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use cli_support::{bin, redbaton, run};
+use fred::prelude::*;
 use redbaton::Client;
 use support::{eventually, numsub, RedisServer};
 use tokio::task::JoinHandle;
@@ -364,4 +365,67 @@ async fn semaphores_are_not_locks_and_keep_their_permits() {
     assert_eq!(plain.available_permits().await.unwrap(), 3);
     assert_eq!(leased.available_permits().await.unwrap(), 2);
     client.shutdown().await.unwrap();
+}
+
+/// A hash held by a peer: its name, its fields, whether its owner is queued for it (a fair
+/// lock), and the kind `status` names.
+type Case<'a> = (&'a str, Vec<(&'a str, &'a str)>, bool, &'a str);
+
+/// Locks held by peers with their own owner formats — Redisson's `<client uuid>:<thread id>`
+/// and node-redisson's default `<client uuid>:<lock uuid>` — for every kind kept in a hash:
+/// `status` shows each owner field as it is, and `unlock --force` deletes the lock (exit 0).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_and_unlock_force_take_peers_owner_fields_as_they_are() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let raw = server.raw().await;
+    let fields = [
+        "157ddcf5-0cc2-445d-bdea-98160a459bd5:42",
+        "0c5f3b0e-3a7d-4c1e-9a57-1b1d2f6a8e44:6f9c2d7a-48e1-4b0f-bc3e-5d8a9e1f2c37",
+    ];
+    for field in fields {
+        let writer = format!("{field}:write");
+        // (name, the hash, whether it is queued for as a fair lock, the kind status names)
+        let cases: [Case; 4] = [
+            ("peer-lock", vec![(field, "2")], false, "lock"),
+            ("peer-fair", vec![(field, "1")], true, "fair_lock"),
+            (
+                "peer-read",
+                vec![("mode", "read"), (field, "1")],
+                false,
+                "read_write_lock",
+            ),
+            (
+                "peer-write",
+                vec![("mode", "write"), (writer.as_str(), "1")],
+                false,
+                "read_write_lock",
+            ),
+        ];
+        for (name, hash, queued, kind) in cases {
+            let () = raw.hset(name, hash).await.unwrap();
+            let () = raw.pexpire(name, 60_000, None).await.unwrap();
+            let queue = format!("redisson_lock_queue:{{{name}}}");
+            if queued {
+                let _: i64 = raw.rpush(&queue, field).await.unwrap();
+            }
+            let (code, json) = status_json(&url, &[name]).await;
+            assert_eq!(code, 0, "{name} held by {field}: {json}");
+            assert_eq!(json["kind"], kind, "{json}");
+            let owners: Vec<&str> = json["owners"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|o| o["owner"].as_str().unwrap())
+                .collect();
+            assert_eq!(owners, [field], "{json}");
+            let (code, text, err) = cli(redbaton(&url, &["status", name])).await;
+            assert_eq!(code, 0, "{err}");
+            assert!(text.contains(&format!("owner {field}")), "{text}");
+            force_unlock(&url, name).await;
+            let _: i64 = raw.del(&queue).await.unwrap();
+            let left: i64 = raw.exists(name).await.unwrap();
+            assert_eq!(left, 0, "{name}: deleted");
+        }
+    }
 }

@@ -54,6 +54,8 @@ mod failover;
 mod faults;
 #[path = "../../tests/support/history.rs"]
 mod history;
+#[path = "../../tests/support/java_peer.rs"]
+mod java_peer;
 mod parent;
 #[path = "../../tests/support/proxy.rs"]
 mod proxy;
@@ -135,6 +137,16 @@ pub struct Opts {
     /// The clients' replica sync: `auto` (the default) or `off`.
     #[arg(long, default_value = "auto")]
     pub replica_sync: String,
+    /// Java Redisson worker processes beside the redbaton ones (the driver in interop/java,
+    /// built by scripts/install-java-peer.sh; every other one behind the proxy). With any, every
+    /// process shares one name of each kind — lock, fair, fenced, write lock, leased semaphore
+    /// of one permit — instead of `--names` plain locks: a mixed fleet.
+    #[arg(long, default_value_t = 0)]
+    pub java: usize,
+    /// The Java workers' `lockWatchdogTimeout`, in ms: Redisson tells a holder nothing when a
+    /// watchdog lease is lost, so it must outlast every fault a direct Java worker meets.
+    #[arg(long, default_value_t = 5000)]
+    pub java_lease_ms: u64,
     #[command(subcommand)]
     pub mode: Option<Mode>,
 }
@@ -177,6 +189,10 @@ fn main() -> ExitCode {
     }
     if !["auto", "off"].contains(&opts.replica_sync.as_str()) {
         eprintln!("soak: --replica-sync is auto or off");
+        return ExitCode::from(2);
+    }
+    if opts.java > 0 && opts.topology != TopologyKind::Standalone {
+        eprintln!("soak: --java runs on the standalone topology only");
         return ExitCode::from(2);
     }
     if opts.topology == TopologyKind::Cluster && !(1..=3).contains(&opts.failovers) {

@@ -14,10 +14,12 @@ use tokio::sync::watch;
 
 use crate::failover::Topology;
 use crate::faults::{fail_over_repeatedly, inject_faults, raw_client};
+use crate::java_peer::{driver_command, QUICK_JVM};
 use crate::proxy::{Mode, Proxy};
-use crate::record::{mono_ns, since, Record, NAMES};
+use crate::record::{kind_of, mono_ns, names, since, NameKind, Record, MIXED};
 use crate::server::Server;
 use crate::verdict::{check, print_summary, Summary, Violations};
+use crate::worker::FAIR_LOCK_WAIT;
 use crate::{Opts, TopologyKind};
 
 fn read_number(path: &Path) -> u64 {
@@ -60,7 +62,79 @@ fn spawn_worker(
     if let Some(url) = lock_url {
         command.args(["--lock-url", url]);
     }
+    if opts.java > 0 {
+        command.arg("--mixed");
+    }
     command.spawn().expect("spawn a worker process")
+}
+
+/// A Java Redisson worker (interop/java's `Driver soak`) on the mixed names, through `port`
+/// (the server's, or the proxy's when `proxied`).
+fn spawn_java_worker(
+    opts: &Opts,
+    id: usize,
+    dir: &Path,
+    port: u16,
+    proxied: bool,
+    seed: u64,
+) -> Child {
+    let log = std::fs::File::create(dir.join(format!("worker-{id}.log"))).expect("a worker log");
+    let names: Vec<String> = MIXED
+        .iter()
+        .map(|(name, kind)| {
+            let hex: String = name.bytes().map(|b| format!("{b:02x}")).collect();
+            format!("{hex}:{}", kind.label())
+        })
+        .collect();
+    let mut command = driver_command(QUICK_JVM, "soak");
+    command
+        .args(["--nodes", &format!("127.0.0.1:{port}")])
+        .args(["--id", &id.to_string()])
+        .arg("--dir")
+        .arg(dir)
+        .args(["--seed", &seed.to_string()])
+        .args(["--tasks", &opts.tasks.to_string()])
+        .args(["--watchdog", &opts.java_lease_ms.to_string()])
+        .args(["--timeout", &opts.command_timeout_ms.max(3000).to_string()])
+        .args(["--fair-wait", &FAIR_LOCK_WAIT.as_millis().to_string()])
+        .args(["--grace-secs", &opts.grace_secs.to_string()])
+        .args(["--proxied", if proxied { "1" } else { "0" }])
+        .args(["--names", &names.join(",")])
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(log.try_clone().expect("a worker log")))
+        .stderr(Stdio::from(log));
+    command.spawn().expect("spawn a Java worker process")
+}
+
+/// After every worker finished, every mixed name comes free within `bound`: no hash is left,
+/// and the leased semaphore's permit is back. What stays is a hold nobody knows about, by any
+/// process of either side. Returns one line per name still held.
+async fn mixed_strays(raw: &fred::clients::Client, bound: Duration) -> Vec<String> {
+    use fred::interfaces::{KeysInterface, SortedSetsInterface};
+    let started = Instant::now();
+    loop {
+        let mut held = Vec::new();
+        for (name, kind) in MIXED {
+            if kind == NameKind::Leased {
+                let timeouts = format!("{{{name}}}:timeout");
+                let taken: Result<i64, _> = raw.zcard(&timeouts).await;
+                let free: Result<Option<i64>, _> = raw.get(name).await;
+                match (taken, free) {
+                    (Ok(0), Ok(Some(1))) => {}
+                    (taken, free) => held.push(format!("{name}: {taken:?} taken, {free:?} free")),
+                }
+            } else {
+                match raw.exists::<i64, _>(name).await {
+                    Ok(0) => {}
+                    found => held.push(format!("{name}: still held ({found:?})")),
+                }
+            }
+        }
+        if held.is_empty() || started.elapsed() > bound {
+            return held;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// Runs the soak; the exit code says whether it found a violation.
@@ -108,13 +182,17 @@ async fn run(opts: Opts) -> Result<bool, String> {
             },
     ));
     let lease = Duration::from_millis(opts.lease_ms);
+    let mixed = opts.java > 0;
+    let run_names = names(mixed, opts.names);
+    let total = opts.processes + opts.java;
     println!(
-        "soak: target {} acquisitions; {} processes x {} tasks (half through the proxy) on {:?}; \
-         watchdog lease {lease:?}; faults {}; seed {seed}; data in {}",
+        "soak: target {} acquisitions; {} processes x {} tasks (half through the proxy) + {} Java \
+         Redisson processes on {:?}; watchdog lease {lease:?}; faults {}; seed {seed}; data in {}",
         opts.acquisitions,
         opts.processes,
         opts.tasks,
-        &NAMES[..opts.names],
+        opts.java,
+        run_names,
         if opts.no_faults {
             "off".to_owned()
         } else {
@@ -144,6 +222,20 @@ async fn run(opts: Opts) -> Result<bool, String> {
         }
     };
     let lock_url = topology.as_ref().map(|t| t.lock().url());
+    if mixed {
+        // The leased semaphore's one permit, set once for both sides.
+        use fred::interfaces::KeysInterface;
+        let setup = raw_client(&url).await?;
+        for (n, name) in run_names.iter().enumerate() {
+            if kind_of(true, n) == NameKind::Leased {
+                let _: Option<String> = setup
+                    .set(*name, 1, None, Some(fred::types::SetOptions::NX), false)
+                    .await
+                    .map_err(|e| format!("set {name}'s permits: {e}"))?;
+            }
+        }
+        let _ = setup.quit().await;
+    }
 
     let epoch = mono_ns();
     let started = Instant::now();
@@ -159,6 +251,15 @@ async fn run(opts: Opts) -> Result<bool, String> {
             ))
         })
         .collect();
+    // The Java workers follow, every other one behind the proxy.
+    for j in 0..opts.java {
+        let proxied = j % 2 == 1;
+        let through = if proxied { proxy.port } else { port };
+        let id = opts.processes + j;
+        workers.push(Some(spawn_java_worker(
+            &opts, id, &dir, through, proxied, seed,
+        )));
+    }
     // Interrupted: take the server and the workers down too.
     {
         let pids: Vec<u32> = workers.iter().flatten().map(Child::id).collect();
@@ -181,7 +282,7 @@ async fn run(opts: Opts) -> Result<bool, String> {
 
     // Every worker connected.
     let ready = Instant::now();
-    while (0..opts.processes).any(|id| !dir.join(format!("ready-{id}")).exists()) {
+    while (0..total).any(|id| !dir.join(format!("ready-{id}")).exists()) {
         for (id, w) in workers.iter_mut().enumerate() {
             if let Some(Ok(Some(status))) = w.as_mut().map(|c| c.try_wait()) {
                 return Err(format!(
@@ -226,7 +327,7 @@ async fn run(opts: Opts) -> Result<bool, String> {
     let mut last_report = Instant::now();
     let mut reached;
     loop {
-        let progress: u64 = (0..opts.processes)
+        let progress: u64 = (0..total)
             .map(|id| read_number(&dir.join(format!("progress-{id}"))))
             .sum();
         reached = progress >= opts.acquisitions;
@@ -338,7 +439,7 @@ async fn run(opts: Opts) -> Result<bool, String> {
     // Merge.
     let mut records: Vec<Record> = Vec::new();
     let mut counters: BTreeMap<String, u64> = BTreeMap::new();
-    for id in 0..opts.processes {
+    for id in 0..total {
         if let Ok(text) = std::fs::read_to_string(dir.join(format!("history-{id}"))) {
             for line in text.lines() {
                 records.push(line.parse()?);
@@ -354,7 +455,14 @@ async fn run(opts: Opts) -> Result<bool, String> {
             }
         }
     }
-    let report = check(&raw, &NAMES[..opts.names], &records, &counters, epoch).await?;
+    if mixed {
+        // Longer than the longest fixed lease and two of either side's watchdog leases.
+        let longest = Duration::from_millis(3000 + 2 * opts.lease_ms.max(opts.java_lease_ms));
+        for stray in mixed_strays(&raw, longest + Duration::from_secs(5)).await {
+            violations.add("stray holds", stray);
+        }
+    }
+    let report = check(&raw, run_names, &records, &counters, epoch).await?;
     for (kind, details) in &report.violations.0 {
         for detail in details {
             violations.add(kind, detail.clone());

@@ -10,6 +10,60 @@ pub const NAMES: [&str; 8] = [
     "soak:a", "soak:b", "{soak}:c", "soak:d", "soak:e", "soak:f", "soak:g", "soak:h",
 ];
 
+/// The kinds of lock a mixed soak (`--java`) shares with Java Redisson workers, one name
+/// each; every one of them excludes (a leased semaphore of one permit is a lock too).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NameKind {
+    Lock,
+    Fair,
+    Fenced,
+    Write,
+    Leased,
+}
+
+impl NameKind {
+    /// The kind's name in the Java driver and in the summary's call labels.
+    pub fn label(self) -> &'static str {
+        match self {
+            NameKind::Lock => "lock",
+            NameKind::Fair => "fair",
+            NameKind::Fenced => "fenced",
+            NameKind::Write => "write",
+            NameKind::Leased => "leased",
+        }
+    }
+}
+
+/// The names of a mixed soak and their kinds (the fenced lock's carries a hash tag).
+pub const MIXED: [(&str, NameKind); 5] = [
+    ("mixed:lock", NameKind::Lock),
+    ("mixed:fair", NameKind::Fair),
+    ("{mixed}:fenced", NameKind::Fenced),
+    ("mixed:write", NameKind::Write),
+    ("mixed:leased", NameKind::Leased),
+];
+
+const MIXED_NAMES: [&str; 5] = [MIXED[0].0, MIXED[1].0, MIXED[2].0, MIXED[3].0, MIXED[4].0];
+
+/// The names a run uses: the mixed ones, or the first `n` of [`NAMES`] (all plain locks).
+/// A record's name is an index into this list.
+pub fn names(mixed: bool, n: usize) -> &'static [&'static str] {
+    if mixed {
+        &MIXED_NAMES
+    } else {
+        &NAMES[..n]
+    }
+}
+
+/// The kind of the name at `index` of [`names`].
+pub fn kind_of(mixed: bool, index: usize) -> NameKind {
+    if mixed {
+        MIXED[index].1
+    } else {
+        NameKind::Lock
+    }
+}
+
 /// The fencing counter of `name` (INCR inside each section).
 pub fn fence_key(name: &str) -> String {
     format!("soak:fence:{name}")
@@ -97,7 +151,7 @@ impl WriteOutcome {
 /// One critical section as a worker saw it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Record {
-    /// Index into [`NAMES`].
+    /// Index into the run's [`names`].
     pub name: usize,
     /// `mono_ns` when the section began (the acquire had returned).
     pub start_ns: u64,

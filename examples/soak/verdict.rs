@@ -8,7 +8,7 @@ use fred::interfaces::{HashesInterface, KeysInterface};
 
 use crate::faults::{Fault, FaultKind};
 use crate::history::{judge_history, Section};
-use crate::record::{counter_key, fence_key, since, Record, WriteOutcome, NAMES};
+use crate::record::{counter_key, fence_key, names, since, Record, WriteOutcome};
 use crate::{Opts, TopologyKind};
 
 /// What the merged history and the counters showed.
@@ -274,11 +274,12 @@ pub(crate) fn print_summary(s: &Summary) {
     println!();
     println!("=== redbaton soak summary (seed {}) ===", s.seed);
     println!(
-        "setup                  {} processes x {} tasks, names {:?}, watchdog lease {} ms, \
-         command timeout {} ms, calls {}",
+        "setup                  {} processes x {} tasks (+ {} Java Redisson processes), names \
+         {:?}, watchdog lease {} ms, command timeout {} ms, calls {}",
         s.opts.processes,
         s.opts.tasks,
-        &NAMES[..s.opts.names],
+        s.opts.java,
+        names(s.opts.java > 0, s.opts.names),
         s.opts.lease_ms,
         s.opts.command_timeout_ms,
         s.opts.calls
@@ -412,6 +413,21 @@ pub(crate) fn print_summary(s: &Summary) {
         waits(Some(false)),
         waits(Some(true))
     );
+    if let Some(longest) = s.records.iter().max_by_key(|r| r.wait_ns) {
+        println!(
+            "  longest              {} by {} (worker {} task {}, {}), section at +{:.1} s",
+            ms(Duration::from_nanos(longest.wait_ns)),
+            longest.op,
+            longest.worker,
+            longest.task,
+            if longest.proxied {
+                "via proxy"
+            } else {
+                "direct"
+            },
+            since(s.epoch, longest.start_ns).as_secs_f64()
+        );
+    }
     // The longest time with no acquisition at all, while the faults ran.
     let mut starts: Vec<u64> = s
         .records

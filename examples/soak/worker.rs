@@ -17,7 +17,9 @@ use parking_lot::Mutex;
 use redbaton::{Client, Error, Lock, LockGuard};
 
 use crate::history::{told_ago, watch_lost};
-use crate::record::{counter_key, fence_key, mono_ns, Record, WriteOutcome, CAS_SCRIPT, NAMES};
+use crate::record::{
+    counter_key, fence_key, kind_of, mono_ns, names, NameKind, Record, WriteOutcome, CAS_SCRIPT,
+};
 
 /// The worker's settings, passed by the parent on the command line.
 #[derive(clap::Args, Clone, Debug)]
@@ -57,6 +59,9 @@ pub struct WorkerArgs {
     /// `auto` or `off`.
     #[arg(long, default_value = "auto")]
     pub replica_sync: String,
+    /// The mixed soak's names, one of each kind, shared with Java Redisson workers.
+    #[arg(long)]
+    pub mixed: bool,
 }
 
 /// Counters by label (`miss`, `acquire error: Timeout`, …), summed by the parent.
@@ -78,6 +83,7 @@ struct Ctx {
     sabotage: f64,
     calls: Vec<(Op, u32)>,
     names: &'static [&'static str],
+    mixed: bool,
     /// Where fences and counters live, when not with the locks.
     ledger: Option<fred::clients::Client>,
 }
@@ -113,6 +119,8 @@ async fn connect(url: &str, args: &WorkerArgs) -> Client {
             .command_timeout(Duration::from_millis(args.command_timeout_ms))
             .connect_timeout(Duration::from_secs(2))
             .reconnect_max_delay(Duration::from_millis(200))
+            // A fair-lock waiter whose give-up did not reach Redis blocks its queue this long.
+            .fair_lock_wait(FAIR_LOCK_WAIT)
             .replica_sync(if args.replica_sync == "off" {
                 redbaton::ReplicaSync::Off
             } else {
@@ -130,6 +138,11 @@ async fn connect(url: &str, args: &WorkerArgs) -> Client {
         }
     }
 }
+
+/// The fair lock's `fair_lock_wait`, on both sides of a mixed soak (Redisson's
+/// `fairLockWaitTimeout`): short, so a waiter that left without leaving the queue (its give-up
+/// lost to a fault) delays the queue for seconds, not the default five minutes.
+pub const FAIR_LOCK_WAIT: Duration = Duration::from_secs(5);
 
 /// A plain fred client to the ledger (fences and counters), reconnecting for ever.
 async fn ledger(url: &str) -> fred::clients::Client {
@@ -191,7 +204,8 @@ async fn run(args: WorkerArgs) -> i32 {
         counters: Counters::default(),
         sabotage: args.sabotage / 100.0,
         calls: parse_calls(&args.calls).expect("the parent checked --calls"),
-        names: &NAMES[..args.names],
+        names: names(args.mixed, args.names),
+        mixed: args.mixed,
         ledger,
     });
     let dir = args.dir.clone();
@@ -259,7 +273,12 @@ async fn run(args: WorkerArgs) -> i32 {
     ctx.counters.add("tasks", args.tasks as u64);
     ctx.counters.add("tasks unfinished", unfinished);
     if unfinished == 0 {
-        let strays = stray_holds(&direct, ctx.names, &[direct.id(), proxied.id()]).await;
+        // The hashes name their owners; a leased permit's id does not (the parent checks those).
+        let hashes: Vec<&str> = (0..ctx.names.len())
+            .filter(|&n| kind_of(ctx.mixed, n) != NameKind::Leased)
+            .map(|n| ctx.names[n])
+            .collect();
+        let strays = stray_holds(&direct, &hashes, &[direct.id(), proxied.id()]).await;
         ctx.counters.add("stray holds", strays);
     }
 
@@ -442,6 +461,11 @@ async fn task(ctx: Arc<Ctx>, client: Client, proxied: bool, task: usize, seed: u
             continue;
         }
         let op = Op::pick(&mut rng, &ctx.calls);
+        let kind = kind_of(ctx.mixed, name);
+        if kind != NameKind::Lock {
+            run.other_kind(kind, op, hold, &mut rng).await;
+            continue;
+        }
         let started = Instant::now();
         let acquired = match op {
             Op::Lock | Op::ReWw | Op::ReWf => lock.lock().await.map(Some),
@@ -602,7 +626,7 @@ impl Run<'_> {
     /// saw, and when the section began and ended.
     async fn fenced_write(&self, hold: Duration) -> (Option<i64>, WriteOutcome, i64, u64, u64) {
         let redis = self.ctx.ledger.as_ref().unwrap_or(self.client.redis());
-        let name = NAMES[self.name];
+        let name = self.ctx.names[self.name];
         let start_ns = mono_ns();
         let mut newest = 0;
         // The fence, then the read: one pipeline on one connection, so Redis runs them in
@@ -699,7 +723,7 @@ impl Run<'_> {
             self.ctx.id,
             self.task,
             if self.proxied { "proxied" } else { "direct" },
-            NAMES[self.name]
+            self.ctx.names[self.name]
         );
     }
 
@@ -716,7 +740,12 @@ impl Run<'_> {
 
     async fn release(&self, guard: LockGuard) {
         let lost = guard.is_lost();
-        match guard.unlock().await {
+        self.settle_release(lost, guard.unlock().await);
+    }
+
+    /// Counts how a release of a hold (`lost`: known lost before it) ended.
+    fn settle_release(&self, lost: bool, outcome: redbaton::Result<()>) {
+        match outcome {
             Ok(()) => {}
             Err(Error::NotHeld { .. }) if lost => self.ctx.counters.add("unlock: lost", 1),
             Err(Error::NotHeld { .. }) => self
@@ -729,6 +758,74 @@ impl Run<'_> {
                     .add(format!("unlock error: {}", error_kind(&e)), 1);
                 self.log(&format!("unlock failed: {e}"));
             }
+        }
+    }
+
+    /// One round on a name of a kind other than `Lock` (a mixed soak): `op`'s acquire in that
+    /// kind's terms (a nested call counts as its outer acquire), the section, the release.
+    async fn other_kind(&self, kind: NameKind, op: Op, hold: Duration, rng: &mut fastrand::Rng) {
+        let name = self.ctx.names[self.name];
+        let op = match op {
+            Op::ReWw | Op::ReWf => Op::Lock,
+            Op::ReFw | Op::ReFf => Op::Leased,
+            op => op,
+        };
+        let wait = Duration::from_millis(rng.u64(0..600));
+        let lease = fixed_lease(rng, 200, MAX_FIXED_LEASE_MS);
+        let label = format!("{}:{}", kind.label(), op.label());
+        let started = Instant::now();
+        // The five acquire calls of a lock kind's handle.
+        macro_rules! acquire {
+            ($handle:expr) => {{
+                let handle = $handle;
+                match op {
+                    Op::TryLock => handle.try_lock().await,
+                    Op::TryLockFor => handle.try_lock_for(wait).await,
+                    Op::Leased => handle.lock_with_lease(lease).await.map(Some),
+                    Op::TryLeased => handle.try_lock_with_lease(wait, lease).await,
+                    _ => handle.lock().await.map(Some),
+                }
+            }};
+        }
+        // The section under a hold, then its release.
+        macro_rules! hold {
+            ($acquired:expr, $release:ident) => {
+                match $acquired {
+                    Ok(Some(held)) => {
+                        let wait_ns = started.elapsed().as_nanos() as u64;
+                        self.ctx.counters.add(format!("acquired: {label}"), 1);
+                        let lost = told_ago(held.lost(), || held.lost_at());
+                        self.section(hold, wait_ns, &label, lost).await;
+                        let was_lost = held.is_lost();
+                        self.settle_release(was_lost, held.$release().await);
+                    }
+                    Ok(None) => self.ctx.counters.add("try missed", 1),
+                    Err(e) => {
+                        self.ctx
+                            .counters
+                            .add(format!("acquire error: {}", error_kind(&e)), 1);
+                        self.log(&format!("{label} failed: {e}"));
+                        tokio::time::sleep(Duration::from_millis(rng.u64(5..50))).await;
+                    }
+                }
+            };
+        }
+        match kind {
+            NameKind::Fair => hold!(acquire!(self.client.fair_lock(name)), unlock),
+            NameKind::Fenced => hold!(acquire!(self.client.fenced_lock(name)), unlock),
+            NameKind::Write => hold!(acquire!(self.client.read_write_lock(name).write()), unlock),
+            NameKind::Leased => {
+                let permits = self.client.leased_semaphore(name);
+                let acquired = match op {
+                    Op::TryLock => permits.try_acquire().await,
+                    Op::TryLockFor => permits.try_acquire_for(wait).await,
+                    Op::Leased => permits.acquire_with_lease(lease).await.map(Some),
+                    Op::TryLeased => permits.try_acquire_with_lease(wait, lease).await,
+                    _ => permits.acquire().await.map(Some),
+                };
+                hold!(acquired, release)
+            }
+            NameKind::Lock => unreachable!("a Lock's round is the task's own"),
         }
     }
 }

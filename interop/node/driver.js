@@ -8,7 +8,8 @@
 //   node driver.js counter --port P --name HEX --thread T --iterations N --prefix KEY
 //
 // `serve` reads one command a line on stdin and answers one line on stdout, tagged with the
-// command's id; commands run concurrently, so a waiting lock does not block the others:
+// command's id; commands run concurrently, so a waiting lock does not block the others
+// (<thread> is a decimal, or `-` for the port's default owner, see deviation 2):
 //   <id> lock <thread> <nameHex> <leaseMs|-> <waitMs|->   -> <id> ok <acquired 0|1> <t>
 //   <id> unlock <thread> <nameHex>                        -> <id> ok <t before the call>
 //   <id> force <thread> <nameHex>                         -> <id> ok <deleted 0|1>
@@ -35,7 +36,8 @@
 //    `RedissonBaseLock.prefixName` with Redisson's rule.
 // 2. Owner field: Redisson's is `<client uuid>:<thread id as a decimal>`; the port's default
 //    is `<client uuid>:<random uuid>` (one uuid per lock object). The driver passes a decimal
-//    `clientId` to `getLock`, which gives Redisson's form.
+//    `clientId` to `getLock`, which gives Redisson's form, except for thread `-`, which keeps
+//    the port's own (an operator must be able to inspect and break such a lock too).
 // 3. Waiting: Redisson subscribes to the channel before it re-tries and keeps the subscription
 //    while it waits; the port re-tries first and subscribes afterwards, once per wait, so a
 //    release between its failed attempt and its SUBSCRIBE is missed and it sleeps for the
@@ -98,12 +100,18 @@ const decodeName = (hex) => Buffer.from(hex, 'hex').toString('utf8');
 async function serve(opts) {
   const redisson = connect(opts);
   const locks = new Map();
-  // One lock object per (thread, name), as a Java thread keeps its RLock object.
+  // One lock object per (thread, name), as a Java thread keeps its RLock object. Thread `-`
+  // is the port's own default owner (`<client uuid>:<lock uuid>`, deviation 2).
   const lockFor = (thread, nameHex) => {
     const key = `${thread}/${nameHex}`;
     if (!locks.has(key)) {
-      if (!/^[0-9]+$/.test(thread)) throw new Error(`thread must be decimal: ${thread}`);
-      locks.set(key, redisson.getLock(decodeName(nameHex), thread));
+      if (thread === '-') {
+        locks.set(key, redisson.getLock(decodeName(nameHex)));
+      } else if (/^[0-9]+$/.test(thread)) {
+        locks.set(key, redisson.getLock(decodeName(nameHex), thread));
+      } else {
+        throw new Error(`thread must be decimal or -: ${thread}`);
+      }
     }
     return locks.get(key);
   };

@@ -8,7 +8,7 @@ use fred::types::{ClusterHash, CustomCommand, Value};
 use crate::conn::{lua_script, LuaScript};
 use crate::kinds::rwlock::WRITE_SUFFIX;
 use crate::kinds::{Kind, Named};
-use crate::{Error, Lock, Owner, PubSubMode, ReadWriteLock, Result};
+use crate::{Error, Lock, PubSubMode, ReadWriteLock, Result};
 
 lua_script!(STATE, "lock/state.lua");
 
@@ -46,8 +46,12 @@ pub struct LockState {
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[non_exhaustive]
 pub struct Holder {
-    /// Who holds it.
-    pub owner: Owner,
+    /// Who holds it: the owner's hash field as it is stored (without a writer's `:write`).
+    /// redbaton's and Redisson's are `<client uuid>:<number>`, which parses as an
+    /// [`Owner`](crate::Owner);
+    /// another peer's may not (node-redisson's default is `<client uuid>:<lock uuid>`), and is
+    /// listed as it is, so that a lock held by any peer can be inspected and broken.
+    pub owner: String,
     /// For a read/write lock, the half held: a writer that also reads (a downgrade under
     /// way) is listed once for each. `None` for the other kinds.
     pub mode: Option<ReadWriteMode>,
@@ -160,13 +164,14 @@ async fn read_state(named: &Named, channel: &str) -> Result<LockState> {
                 (Some(_), Some(writer)) => (writer, Some(ReadWriteMode::Write)),
                 (Some(_), None) => (field.as_str(), Some(ReadWriteMode::Read)),
             };
-            let owner = owner
-                .parse()
-                .map_err(|_| not_a_lock(named, &format!("field {field:?}")))?;
+            let count = count.as_i64().filter(|c| *c > 0);
+            let (Some(count), true) = (count, is_owner_field(owner)) else {
+                return Err(not_a_lock(named, &format!("field {field:?}")));
+            };
             owners.push(Holder {
-                owner,
+                owner: owner.to_owned(),
                 mode: half,
-                count: count.as_i64().unwrap_or(0).max(0) as u64,
+                count: count as u64,
             });
         }
         owners.sort();
@@ -181,6 +186,16 @@ async fn read_state(named: &Named, channel: &str) -> Result<LockState> {
         ttl,
         subscribers,
     })
+}
+
+/// Whether `field` is an owner's field: `<client id>:<holder>`, both parts non-empty. Every
+/// Redisson-style peer writes one (the holder part is a thread id, an owner number, or another
+/// peer's own token), so it is taken as it is rather than parsed as redbaton's
+/// [`Owner`](crate::Owner).
+fn is_owner_field(field: &str) -> bool {
+    field
+        .split_once(':')
+        .is_some_and(|(client, holder)| !client.is_empty() && !holder.is_empty())
 }
 
 /// The error for a lock hash with `what` in it, which no lock has.

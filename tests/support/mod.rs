@@ -463,6 +463,7 @@ pub async fn still_held(
 
 pub mod child;
 pub mod cluster;
+pub mod java_peer;
 pub mod monitor;
 pub mod passing;
 pub mod proxy;
