@@ -180,6 +180,16 @@ impl Client {
     /// Connects with `config`.
     pub async fn connect_with(config: Config) -> Result<Client> {
         config.validate()?;
+        if config.command_timeout >= config.watchdog_lease / 3 {
+            // A renewal may then take longer than the period between renewals: one stalled
+            // round trip can cost a lease (the guard is told, but the work stops).
+            tracing::warn!(
+                command_timeout = ?config.command_timeout,
+                watchdog_lease = ?config.watchdog_lease,
+                "the command timeout is not well under a third of the watchdog lease: a stalled \
+                 renewal can lose a lease before the next one is sent"
+            );
+        }
         let builder = fred_builder(&config)?;
         let where_ = redact_url(&config.url);
         // A TLS client talking to a plain-text port gets no answer at all: say so.
