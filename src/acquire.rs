@@ -623,6 +623,13 @@ async fn attempt<K: Kind>(
                 return Ok(Try::Busy(0));
             }
             let registered = turn.acquired(count, lease, sent_at);
+            if K::PASSES {
+                let (channel, _) = kind.channel(&field);
+                let (entry, generation) = (&registered.entry, registered.generation);
+                client
+                    .hub
+                    .held_here(&channel, &named.key, entry, generation);
+            }
             if count > i64::from(turn.accounted()) && turn.entry().is_own() {
                 // Redis counts holds of this owner that no guard accounts for: a hold whose
                 // guard was lost while its key lived on (a renewal the primary applied but no

@@ -120,9 +120,10 @@ pub(crate) struct Queue {
     ordinary: AtomicU32,
     /// When the channel's subscribers were last counted for the local hand-off (started).
     counted_at: Mutex<Option<Instant>>,
-    /// The hold last handed on in memory, and its generation: while it is held, an acquire of
-    /// another owner of this client is refused without asking Redis.
-    handed: Mutex<Option<(Arc<Entry>, u64)>>,
+    /// This client's latest hold of the key (taken from Redis or handed on in memory), and its
+    /// generation: while it is held, an acquire of another owner of this client is refused
+    /// without asking Redis — which would refuse it too — and queues here instead.
+    held: Mutex<Option<(Arc<Entry>, u64)>>,
     /// When the last unlock message came on the channel: a hold Redis has not confirmed since
     /// may have been force-unlocked, and is not handed on in memory.
     unlock_heard: Mutex<Option<Instant>>,
@@ -142,6 +143,11 @@ impl Queue {
     /// How many of its waiters are parked (claimable) now.
     pub(crate) fn parked(&self) -> usize {
         self.entries.lock().parked()
+    }
+
+    /// This client holds the key now through the hold (`entry`, `generation`).
+    pub(crate) fn held_here(&self, entry: &Arc<Entry>, generation: u64) {
+        *self.held.lock() = Some((entry.clone(), generation));
     }
 
     /// Another client waits (a count of the channel's subscribers found one): the next few
@@ -173,9 +179,8 @@ impl Queue {
         fresh: bool,
     ) -> Option<Duration> {
         let held = {
-            let handed = self.handed.lock();
-            handed
-                .as_ref()
+            let held = self.held.lock();
+            held.as_ref()
                 .is_some_and(|(entry, generation)| entry.held_against(*generation, field))
         };
         if held {
@@ -189,17 +194,12 @@ impl Queue {
         (!left.is_zero()).then_some(left)
     }
 
-    /// An unlock message came on the channel. Returns the hold handed on in memory, if it is
+    /// An unlock message came on the channel. Returns this client's hold of the key, if it is
     /// held now: Redis may no longer have it (see [`Holds::doubt`](crate::holds::Holds::doubt)).
     pub(crate) fn unlock_heard(&self) -> Option<(Arc<Entry>, u64)> {
         *self.unlock_heard.lock() = Some(Instant::now());
-        self.held_handed()
-    }
-
-    fn held_handed(&self) -> Option<(Arc<Entry>, u64)> {
-        let handed = self.handed.lock();
-        handed
-            .as_ref()
+        let held = self.held.lock();
+        held.as_ref()
             .filter(|(entry, generation)| entry.is_held(*generation))
             .cloned()
     }
@@ -267,7 +267,7 @@ impl Claim {
 
     /// Notes the hold (`entry`, `generation`) handed on in memory to the claimed waiter.
     pub(crate) fn handing_on(&self, entry: &Arc<Entry>, generation: u64) {
-        *self.queue.handed.lock() = Some((entry.clone(), generation));
+        self.queue.held_here(entry, generation);
     }
 
     /// Hands the passed lock's guard over. Returns it if the waiter has left meanwhile: the

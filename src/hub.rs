@@ -37,7 +37,7 @@ use tokio::time::Instant;
 
 use crate::baton::{Claim, Queue};
 use crate::config::PubSubMode;
-use crate::holds::Holds;
+use crate::holds::{Entry, Holds};
 pub use crate::wake_state::Wake;
 use crate::wake_state::{TakenWakeUp, Wakes};
 
@@ -215,7 +215,15 @@ impl Channel {
 struct Slot {
     channel: Arc<Channel>,
     waiters: usize,
+    /// Since when no waiter is registered: the subscription lingers for [`LINGER`] before it
+    /// is dropped, so tasks that take turns on a lock (each waits, is served, comes back)
+    /// do not subscribe and unsubscribe at every turn, and the key's baton queue — with what
+    /// it knows of the lock's holds here — stays.
+    idle_since: Option<Instant>,
 }
+
+/// How long a channel stays subscribed after its last waiter left.
+const LINGER: Duration = Duration::from_secs(1);
 
 enum Op {
     Subscribe(Arc<Channel>),
@@ -238,6 +246,9 @@ pub(crate) struct Hub {
     generation: AtomicU64,
     rechecks: Notify,
     closed: AtomicBool,
+    /// Woken when a channel's last waiter left: its subscription is dropped once it has
+    /// lingered (see [`drop_idle`]).
+    idle: Notify,
 }
 
 /// A waiter's registration on a channel; dropping it releases the shared subscription, and
@@ -302,28 +313,25 @@ impl Drop for Subscription {
     fn drop(&mut self) {
         // While this waiter still counts among the group's.
         self.pass_on();
-        {
-            let mut groups = self.channel.groups.lock();
-            if self.group.wakes.leave() == 0 {
-                groups.retain(|g| !Arc::ptr_eq(g, &self.group));
-                self.group.forget_lease_end();
-            }
+        if self.group.wakes.leave() == 0 {
+            // The group stays with its channel while it lingers (its baton queue knows this
+            // client's holds of the key); no timer is needed for nobody.
+            self.group.forget_lease_end();
         }
         let name = &self.channel.name;
-        let removed = self.hub.channels.remove_if_mut(name, |_, slot| {
-            if !Arc::ptr_eq(&slot.channel, &self.channel) {
-                return false;
+        let mut idle = false;
+        if let Some(mut slot) = self.hub.channels.get_mut(name) {
+            if Arc::ptr_eq(&slot.channel, &self.channel) {
+                slot.waiters -= 1;
+                if slot.waiters == 0 {
+                    slot.idle_since = Some(Instant::now());
+                    idle = true;
+                }
             }
-            slot.waiters -= 1;
-            if slot.waiters == 0 {
-                // Queued under the map entry's lock: ordered after this channel's SUBSCRIBE
-                // and before any later one.
-                let _ = self.hub.ops.send(Op::Unsubscribe(name.clone()));
-                return true;
-            }
-            false
-        });
-        drop(removed);
+        }
+        if idle {
+            self.hub.idle.notify_one();
+        }
     }
 }
 
@@ -350,11 +358,13 @@ impl Hub {
             generation: AtomicU64::new(0),
             rechecks: Notify::new(),
             closed: AtomicBool::new(false),
+            idle: Notify::new(),
         });
         if mode == PubSubMode::Sharded && hub.subscriber.is_clustered() {
             tokio::spawn(follow_shards(Arc::downgrade(&hub)));
         }
         tokio::spawn(dispatch_messages(hub.clone(), messages));
+        tokio::spawn(drop_idle(hub.clone()));
         tokio::spawn(apply_ops(hub.clone(), ops_rx, reconnects));
         Ok(hub)
     }
@@ -381,9 +391,11 @@ impl Hub {
                 Slot {
                     channel,
                     waiters: 0,
+                    idle_since: None,
                 }
             });
             slot.waiters += 1;
+            slot.idle_since = None;
             slot.channel.clone()
         };
         let group = {
@@ -433,6 +445,15 @@ impl Hub {
         let groups = channel.groups.lock();
         let group = groups.iter().find(|g| *g.key == *key)?;
         Some(group.batons.clone())
+    }
+
+    /// This client holds `key` (channel `name`) now through the hold (`entry`, `generation`):
+    /// noted where its waiters queue, if any do or did lately, so that its other owners'
+    /// acquires queue behind it without asking Redis.
+    pub(crate) fn held_here(&self, name: &str, key: &str, entry: &Arc<Entry>, generation: u64) {
+        if let Some(batons) = self.batons(name, key) {
+            batons.held_here(entry, generation);
+        }
     }
 
     /// Claims the first parked waiter of `key` on channel `name` that can be passed the
@@ -496,6 +517,7 @@ impl Hub {
     /// Closes the subscriber connection; the hub's tasks end with it.
     pub(crate) async fn shutdown(&self) {
         self.closed.store(true, Ordering::Release);
+        self.idle.notify_one();
         self.wake_all();
         if let Err(e) = self.subscriber.quit().await {
             tracing::debug!(error = %e, "subscriber quit");
@@ -578,6 +600,49 @@ impl Hub {
             let slot = fred::util::redis_keyslot(channel.key().as_bytes());
             before.get_server(slot) != now.get_server(slot)
         })
+    }
+}
+
+/// Drops the subscriptions that lingered [`LINGER`] without a waiter; sleeps while there are
+/// none. One task per hub, rather than a timer per departure: on many keys, the last waiter
+/// of some channel leaves at almost every release.
+async fn drop_idle(hub: Arc<Hub>) {
+    loop {
+        hub.idle.notified().await;
+        loop {
+            if hub.closed.load(Ordering::Acquire) {
+                return;
+            }
+            tokio::time::sleep(LINGER / 2).await;
+            let now = Instant::now();
+            let mut lingering = false;
+            let idle: Vec<Arc<str>> = hub
+                .channels
+                .iter()
+                .filter_map(|slot| {
+                    let since = slot.idle_since?;
+                    lingering = true;
+                    (now.saturating_duration_since(since) >= LINGER).then(|| slot.key().clone())
+                })
+                .collect();
+            for name in idle {
+                let removed = hub.channels.remove_if(&name, |_, slot| {
+                    let expired = slot
+                        .idle_since
+                        .is_some_and(|since| now.saturating_duration_since(since) >= LINGER);
+                    if expired {
+                        // Queued under the map entry's lock: ordered after this channel's
+                        // SUBSCRIBE and before any later one.
+                        let _ = hub.ops.send(Op::Unsubscribe(name.clone()));
+                    }
+                    expired
+                });
+                drop(removed);
+            }
+            if !lingering {
+                break;
+            }
+        }
     }
 }
 

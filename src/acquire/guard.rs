@@ -653,6 +653,8 @@ impl<K: Kind> Passing<K> {
     fn hand_over(self, kind: &K, sent_at: Instant) {
         let registered = self.turn.passed(self.lease, sent_at, self.passes);
         drop(self.turn);
+        self.claim
+            .handing_on(&registered.entry, registered.generation);
         tracing::trace!(lock = %kind.named().name(), owner = %self.field, "passed");
         let guard = Guard::new(
             kind.clone(),
