@@ -31,6 +31,17 @@ async fn client(url: &str) -> Client {
     Client::connect(url).await.unwrap()
 }
 
+/// A client whose watchdog sends nothing between renewals (every 10 s): the tests that count
+/// the scripts a waiter sends would count the holds' checks too.
+async fn quiet_client(url: &str) -> Client {
+    Client::builder()
+        .url(url)
+        .lease_check_interval(Duration::from_secs(3600))
+        .connect()
+        .await
+        .unwrap()
+}
+
 async fn lease_client(url: &str, lease: Duration) -> Client {
     Client::builder()
         .url(url)

@@ -392,7 +392,7 @@ async fn a_released_permit_passes_a_larger_waiter_to_a_smaller_one() {
     // passes the wake-up on; the second takes the permit at once, not at its recheck.
     let server = RedisServer::start();
     let raw = server.raw().await;
-    let client = client(&server.url()).await;
+    let client = quiet_client(&server.url()).await;
     let sem = client
         .leased_semaphore("behind")
         .with_recheck_interval(NO_RECHECK)
