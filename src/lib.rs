@@ -95,34 +95,12 @@
 //! | `RedissonMultiLock` | [`MultiLock`] ([`MultiLock::new`]) |
 //! | `RedissonRedLock` | [`RedLock`] ([`RedLock::new`]) |
 //!
-//! | Redisson method (lock kinds) | redbaton |
-//! | --- | --- |
-//! | `lock()`, `lockInterruptibly()` | `lock()` → guard (to interrupt, drop the future) |
-//! | `lock(lease, unit)` | `lock_with_lease(lease)` |
-//! | `tryLock()` | `try_lock()` → `Option<guard>` |
-//! | `tryLock(wait, unit)` | `try_lock_for(wait)` |
-//! | `tryLock(wait, lease, unit)` | `try_lock_with_lease(wait, lease)` |
-//! | `unlock()` | `guard.unlock()`, or drop the guard |
-//! | `forceUnlock()` | `force_unlock()` |
-//! | `isLocked()` | `is_locked()` |
-//! | `isHeldByCurrentThread()` | `is_held_in_scope()` |
-//! | `getHoldCount()` | `hold_count()` |
-//! | `remainTimeToLive()` | `remaining_ttl()` |
-//! | `getName()` | `name()` |
-//! | `RFencedLock`: `lockAndGetToken()`, `getToken()` | `lock()` then the guard's `token()`; [`FencedLock::token`] |
-//! | `RSemaphore`: `acquire(n)`, `tryAcquire(n)`, `tryAcquire(n, wait, unit)`, `release(n)` | `acquire(n)`, `try_acquire(n)`, `try_acquire_for(n, wait)` → [`SemaphorePermit`] (its `forget()` keeps the permits taken, as Redisson does), `release(n)` |
-//! | `RSemaphore`: `trySetPermits`, `addPermits`, `availablePermits`, `drainPermits` | `try_set_permits`, `add_permits`, `available_permits`, `drain_permits` |
-//! | `RPermitExpirableSemaphore`: `acquire()`, `acquire(lease, unit)` | `acquire()`, `acquire_with_lease(lease)` → [`LeasedPermit`] |
-//! | `RPermitExpirableSemaphore`: `acquire(n)`, `tryAcquire(n)`, `tryAcquire(n, wait, lease, unit)` | `acquire_many(n)`, `try_acquire_many(n, Duration::ZERO)`, `try_acquire_many_with_lease(n, wait, lease)` → one [`LeasedPermit`] |
-//! | `RPermitExpirableSemaphore`: `tryAcquire()`, `tryAcquire(wait, unit)`, `tryAcquire(wait, lease, unit)` | `try_acquire()`, `try_acquire_for(wait)`, `try_acquire_with_lease(wait, lease)` |
-//! | `RPermitExpirableSemaphore`: `release(id)`, `tryRelease(id)`, `updateLeaseTime(id, lease, unit)` | `permit.release()`, `release_id(&id)`, `update_lease_time(&id, lease)` |
-//! | `RPermitExpirableSemaphore`: `availablePermits`, `acquiredPermits`, `trySetPermits`, `addPermits` | `available_permits`, `acquired_permits`, `try_set_permits`, `add_permits` |
-//!
 //! Differences a porter meets: the owner is a hold's scope, not a thread (above); Redisson's
 //! `Config.lockWatchdogTimeout` is [`Config::watchdog_lease`] and `fairLockWaitTimeout` is
 //! [`Config::fair_lock_wait`]; every wait is bounded by the holder's lease, so a lost message
-//! never hangs a waiter. Every method of those interfaces, with its name here or why it is not
-//! offered, is in the repository's `docs/REDISSON-MAP.md`.
+//! never hangs a waiter. Every method of Redisson's lock and semaphore interfaces, with its
+//! name here or why it is not offered, is in the repository's `docs/REDISSON-MAP.md`; what
+//! each kind keeps in Redis, and where our scripts differ from Redisson's, in `docs/WIRE.md`.
 //!
 //! ## Topologies
 //!
@@ -158,7 +136,8 @@
 //!   another type gives [`Error::WrongType`] and is never modified.
 //! - Not covered: a failover that promotes a replica which never received the hold, a holder
 //!   that pauses past its lease (use a [`FencedLock`] and let the store check tokens), clocks
-//!   that jump on the server. The README's failure table has every case.
+//!   that jump on the server. The repository's `docs/FAILURES.md` has every case, per
+//!   deployment, and the ACLs a Redis user needs.
 //!
 //! ## Versions
 //!

@@ -37,7 +37,11 @@ const TIMEOUT_PREFIX: &str = "redisson_lock_timeout";
 /// ```no_run
 /// # async fn run() -> redbaton::Result<()> {
 /// use std::time::Duration;
-/// let client = redbaton::Client::connect("redis://127.0.0.1:6379").await?;
+/// let client = redbaton::Client::builder()
+///     .url("redis://127.0.0.1:6379")
+///     .fair_lock_wait(Duration::from_secs(60)) // a dead waiter blocks its turn for at most 60 s
+///     .connect()
+///     .await?;
 /// let deploys = client.fair_lock("deploy:prod");
 ///
 /// // Queued behind the deploys that asked first; served in turn.

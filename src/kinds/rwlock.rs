@@ -143,6 +143,12 @@ pub(crate) const WRITE_SUFFIX: &str = ":write";
 /// write.unlock().await?; // ...and keeps reading: downgraded
 /// assert!(rw.read().is_locked().await?);
 /// read.unlock().await?;
+///
+/// let reading = rw.read().lock().await?;
+/// // A reader cannot upgrade: this fails at once instead of waiting for ever on itself.
+/// let upgrade = reading.run(|| async { rw.write().lock().await.map(drop) }).await?;
+/// assert!(matches!(upgrade, Err(redbaton::Error::WouldDeadlock { .. })));
+/// reading.unlock().await?;
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]
