@@ -584,8 +584,8 @@ async fn attempt<K: Kind>(
                     // in the background (the owner's count goes back; a fresh hold ends any
                     // stale one): on this connection the undo would queue behind the next
                     // group's `WAIT`, and the caller would pay a second acknowledgement
-                    // timeout (invariant 15). The undo keeps the owner's turn, so the
-                    // caller's next attempt comes after it.
+                    // timeout (invariant 15, docs/DESIGN.md). The undo keeps the owner's turn, so
+                    // the caller's next attempt comes after it.
                     if let Ok(Reply::Acquired { count, .. }) = kind.decode(reply) {
                         turn.note_count(count);
                     }
@@ -615,8 +615,8 @@ async fn attempt<K: Kind>(
             }
             if turn.ended_before_reply(count, lease, sent_at) {
                 // Lost before it arrived: released, and tried again within the caller's
-                // wait (invariant 18). Redis started its lease when the script ran, so it
-                // would otherwise keep the lock from everyone until then.
+                // wait (invariant 18, docs/DESIGN.md). Redis started its lease when the script ran,
+                // so it would otherwise keep the lock from everyone until then.
                 tracing::debug!(lock = %named.name(), waited = ?sent_at.elapsed(), "acquired after the lease's end by the local clock; releasing it");
                 turn.note_count(count);
                 undo_acquire(conn.clone(), turn, ops, field, named.name().to_owned()).await;

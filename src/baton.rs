@@ -91,9 +91,9 @@ const ORDINARY_AFTER_ANOTHER_CLIENT: u32 = 8;
 
 /// How long this client's tasks stay out of a lock after a release made the ordinary way
 /// because another client waits: that client's waiter is woken by the unlock message, one hop
-/// further than this client's own, and would otherwise lose every race to them (invariant 16:
-/// a waiter of another process gets in within a bound). A waiter that does not come within
-/// it (it left) costs the lock this long idle.
+/// further than this client's own, and would otherwise lose every race to them (invariant 16
+/// of docs/DESIGN.md: a waiter of another process gets in within a bound). A waiter that does not
+/// come within it (it left) costs the lock this long idle.
 pub(crate) const YIELD_TO_OTHERS: Duration = Duration::from_millis(20);
 
 /// How long a run of local hand-offs lasts at most before an ordinary release: the bound that

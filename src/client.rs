@@ -94,7 +94,7 @@ fn fred_builder(config: &Config) -> Result<FredBuilder> {
             c.connection_timeout = connect_timeout;
             c.internal_command_timeout = command_timeout;
             // Never re-send a command whose reply was lost: a lock or unlock script must not
-            // run twice (DESIGN.md invariant 11).
+            // run twice (invariant 11, docs/DESIGN.md).
             c.max_command_attempts = 1;
             // A redirect comes back as an error to re-send (fred 10.1 would otherwise end its
             // router on an ASK, and re-send a MOVED command as a second write).
@@ -105,7 +105,7 @@ fn fred_builder(config: &Config) -> Result<FredBuilder> {
             };
         })
         .with_performance_config(|p| {
-            // fred's default is no timeout at all (invariant 12).
+            // fred's default is no timeout at all (invariant 12, docs/DESIGN.md).
             p.default_command_timeout = command_timeout;
             // fred's default of 32 lags (and drops messages) under bursts of unlocks.
             p.broadcast_channel_capacity = 4096;

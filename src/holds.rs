@@ -203,11 +203,12 @@ struct State {
     local_since: Option<Instant>,
     /// The current holder's owner was given out (read from its guard or its lock handle, or
     /// named explicitly): whoever has it can re-enter the hold in Redis, so the hold is never
-    /// handed on in memory under that field (invariant 16). A hold handed on starts without.
+    /// handed on in memory under that field (invariant 16,
+    /// docs/DESIGN.md). A hold handed on starts without.
     given_out: bool,
     /// When Redis last said it has the hold: the send time of its acquire, renewal or check.
     /// An unlock message heard on the lock's channel after it may mean Redis no longer has
-    /// it (a force-unlock): then it is not handed on in memory (invariant 16).
+    /// it (a force-unlock): then it is not handed on in memory (invariant 16, docs/DESIGN.md).
     confirmed_at: Instant,
     /// A check of the hold is queued for the watchdog (see [`Holds::doubt`]).
     doubted: bool,
@@ -707,7 +708,7 @@ impl Turn {
     /// Whether an acquire sent at `sent_at` with `lease`, whose reply gave the owner's new
     /// `count`, would register a hold already lost by the local clock: its validity ended
     /// before the reply came (a server that paused past the lease). Such a hold is released,
-    /// never handed out (invariant 18).
+    /// never handed out (invariant 18, docs/DESIGN.md).
     pub(crate) fn ended_before_reply(&self, count: i64, lease: Lease, sent_at: Instant) -> bool {
         let until = valid_until(sent_at, lease.duration(self.holds.watchdog_lease));
         let now = Instant::now();

@@ -152,7 +152,8 @@ impl Channel {
 
     /// Doubts every hold of this channel's keys that this client holds through a hand-off in
     /// memory: the message may say Redis no longer has it (a force-unlock), or messages may
-    /// have been lost. It ends the run of hand-offs at once (invariant 16).
+    /// have been lost. It ends the run of hand-offs at once (invariant 16,
+    /// docs/DESIGN.md).
     fn doubt_handed(&self, holds: &Holds) {
         for group in self.groups.lock().iter() {
             if let Some((entry, generation)) = group.batons.unlock_heard() {

@@ -439,8 +439,8 @@ async fn release<K: Kind>(kind: K, hold: Hold, extra: K::Extra) -> Result<()> {
             Ok(reply) if reply.as_i64() == Some(PASSED) => {
                 if conn.is_closed() || passing.turn.ended_before_reply(1, passing.lease, sent_at) {
                     // Shutting down, or the pass's reply came after the lease it wrote had
-                    // ended by the local clock (invariant 18): the waiter gets no guard, and
-                    // the hold the pass wrote goes as an acquire's would.
+                    // ended by the local clock (invariant 18, docs/DESIGN.md): the waiter gets no
+                    // guard, and the hold the pass wrote goes as an acquire's would.
                     passing.undo(conn, ops, named.name()).await;
                 } else {
                     passing.hand_over(&kind, sent_at);
@@ -562,7 +562,8 @@ fn hand_on<K: Kind>(kind: &K, hold: &Hold, turn: &Turn, claim: Claim, extra: K::
     }
     if kind.explicit_owner().is_some() {
         // Its owner was named from outside, and whoever named it can re-enter the field: the
-        // next holder gets a field of its own, written by the pass script (invariant 16).
+        // next holder gets a field of its own, written by the pass script (invariant 16,
+        // docs/DESIGN.md).
         return Handing::Script(claim);
     }
     let next = claim.baton().lease;
