@@ -7,15 +7,15 @@ use fred::interfaces::ClientLike;
 use fred::prelude::{Builder as FredBuilder, Config as FredConfig, ReconnectPolicy};
 use fred::types::config::TcpConfig;
 
-use crate::acquire::{bounded, CALL_BOUND};
 use crate::config::{redact_url, Builder, Config};
 use crate::conn::{Composite, Conn};
-use crate::holds::{Holds, Loss};
-use crate::hub::Hub;
+use crate::engine::acquire::{bounded, CALL_BOUND};
+use crate::engine::client_inner::ClientInner;
+use crate::engine::holds::{Holds, Loss};
+use crate::engine::hub::Hub;
+use crate::engine::watchdog::Watchdog;
 use crate::kinds;
 use crate::metrics::ClientMetrics;
-use crate::shared::ClientInner;
-use crate::watchdog::Watchdog;
 use crate::{Error, Lock, Result};
 
 /// A connection to Redis that hands out every kind: [`Lock`](Client::lock),
@@ -273,7 +273,7 @@ impl Client {
             watchdog,
             config,
             passes_refused: Default::default(),
-            owners: crate::scope::OwnerNumbers::new(),
+            owners: crate::engine::scope::OwnerNumbers::new(),
             outstanding_permits: Default::default(),
         });
         tracing::debug!(client = %inner.id, url = %redact_url(&inner.config.url), "connected");

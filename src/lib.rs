@@ -171,51 +171,43 @@
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-mod acquire;
-mod baton;
-mod baton_state;
+// The layers, top down: the facade (`client`) and the kinds; the engine every kind shares;
+// the connection; and the floor (settings, errors, owners, metrics). Imports run downwards
+// only (`scripts/module-graph.py` checks it).
 mod client;
-mod config;
-mod conn;
-mod error;
-mod holds;
-mod hub;
-mod kind;
 mod kinds;
+
+mod engine;
+
+mod conn;
+
+mod config;
+mod error;
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub mod metrics;
 #[cfg(not(feature = "metrics"))]
 mod metrics;
-#[cfg(test)]
-mod model;
-mod multilock;
 mod owner;
-mod redlock;
-mod scope;
-mod shared;
-mod turn_state;
-mod wake_state;
-mod watchdog;
 
 /// The Redis client crate redbaton is built on, fred 10: [`Client::redis`] returns its client,
 /// for commands redbaton does not wrap. Use this path rather than a `fred` dependency of your
 /// own, so the versions always match.
 pub use fred;
 
-pub use acquire::guard::Guard;
 pub use client::Client;
 pub use config::{
     Builder, Config, PubSubMode, ReplicaSync, AUTO_REPLICA_TIMEOUT, DEFAULT_BATON_PASSES,
     DEFAULT_FAIR_LOCK_WAIT, DEFAULT_LEASE_CHECK_INTERVAL, DEFAULT_WATCHDOG_LEASE, MAX_LEASE,
     MIN_LEASE, MIN_WATCHDOG_LEASE,
 };
+pub use engine::guard::Guard;
+pub use engine::kind::{Kind, MAX_NAME_LEN};
 pub use error::{Error, Result};
-pub use kind::{Kind, MAX_NAME_LEN};
-pub use kinds::fair::{FairGuard, FairLock};
-pub use kinds::fenced::{FencedGuard, FencedLock};
+pub use kinds::fair_lock::{FairGuard, FairLock};
+pub use kinds::fenced_lock::{FencedGuard, FencedLock};
 pub use kinds::leased_semaphore::{LeasedPermit, LeasedSemaphore, PermitId, MAX_PERMITS_AT_ONCE};
-pub use kinds::reentrant::Lock;
+pub use kinds::lock::Lock;
 pub use kinds::rwlock::{ReadGuard, ReadLock, ReadWriteLock, WriteGuard, WriteLock};
 pub use kinds::semaphore::{
     Semaphore, SemaphorePermit, DEFAULT_RECHECK_INTERVAL, MAX_PERMITS, MAX_RECHECK_INTERVAL,
@@ -223,10 +215,10 @@ pub use kinds::semaphore::{
 
 /// A hold of a [`Lock`].
 pub type LockGuard = Guard<Lock>;
+pub use kinds::multilock::{Exclusive, MultiLock, MultiLockGuard, RedLockGuard};
+pub use kinds::redlock::RedLock;
 pub use kinds::state::{Holder, LockState, ReadWriteMode};
-pub use multilock::{Exclusive, MultiLock, MultiLockGuard, RedLockGuard};
 pub use owner::Owner;
-pub use redlock::RedLock;
 
 /// The README's examples, compiled as doc tests.
 #[cfg(doctest)]

@@ -27,12 +27,12 @@ use std::sync::Arc;
 use fred::types::Value;
 
 use crate::conn::{lua_script, Call, Conn, LuaScript};
-use crate::holds::{HoldOps, Renewal};
-use crate::hub::Wake;
-use crate::kinds::reentrant::RENEW;
+use crate::engine::client_inner::ClientInner;
+use crate::engine::holds::{HoldOps, Renewal};
+use crate::engine::hub::Wake;
+use crate::kinds::lock::RENEW;
 use crate::kinds::{acquire_methods, decode_counted, Kind, Named, Reply, Sealed};
 use crate::owner::Owner;
-use crate::shared::ClientInner;
 use crate::{Error, Guard, Result};
 
 lua_script!(READ_ACQUIRE, "rwlock/read_acquire.lua");

@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use fred::types::Value;
 
-use crate::acquire::{bounded, traced, wait_for, Attempts, Finish, Try};
 use crate::conn::{lua_script, Failed, LuaScript};
-use crate::hub::Wake;
+use crate::engine::acquire::{bounded, traced, wait_for, Attempts, Finish, Try};
+use crate::engine::client_inner::ClientInner;
+use crate::engine::hub::Wake;
 use crate::kinds::{prefix_name, Named};
-use crate::shared::ClientInner;
 use crate::{Error, Result};
 
 lua_script!(ACQUIRE, "semaphore/acquire.lua");

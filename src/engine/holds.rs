@@ -30,8 +30,8 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::conn::{Call, Conn, LuaScript};
+use crate::engine::turn_state::TurnState;
 use crate::metrics::{ClientMetrics, HoldMetrics};
-use crate::turn_state::TurnState;
 
 /// How a hold's lease is kept.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,7 +74,7 @@ pub trait HoldOps: Send + Sync + 'static {
     fn renewal(&self) -> Renewal;
     /// Whether a hold's key can outlive the hold's lease because other holds share the key's
     /// expiry (a read/write lock: readers and the writer on one hash). The release of such a
-    /// hold, once lost, then removes what is left of it (see [`crate::acquire::trim_lost`]);
+    /// hold, once lost, then removes what is left of it (see [`crate::engine::acquire::trim_lost`]);
     /// elsewhere the key ends with the lease, and a lost hold sends nothing.
     fn shares_expiry(&self) -> bool {
         false
@@ -195,11 +195,11 @@ struct State {
     holder: Option<Holder>,
     /// How many baton passes in a row led to the current generation (0: its owner took the
     /// lock itself). Kept with the hold, not with a guard: re-entry adds guards to the same
-    /// hold, and whichever of them is released last must see the run (see [`crate::baton`]).
+    /// hold, and whichever of them is released last must see the run (see [`crate::engine::baton`]).
     /// Local hand-offs count here too: they keep the hold, and so its run.
     passes: u32,
     /// When the current generation was first handed on in memory: the start of its run of
-    /// local hand-offs, which a time bound ends (see [`crate::baton`]).
+    /// local hand-offs, which a time bound ends (see [`crate::engine::baton`]).
     local_since: Option<Instant>,
     /// The current holder's owner was given out (read from its guard or its lock handle, or
     /// named explicitly): whoever has it can re-enter the hold in Redis, so the hold is never
@@ -738,7 +738,7 @@ impl Turn {
         state.live(generation) && state.guards == 1
     }
 
-    /// The local hand-off (see [`crate::baton`]): the last guard of `generation`, taken with
+    /// The local hand-off (see [`crate::engine::baton`]): the last guard of `generation`, taken with
     /// `lease`, becomes a guard taken with `next` by a waiter of this client — the same hold
     /// in Redis (field, count 1, expiry, generation, validity), one more in its run. Refused
     /// unless the hold is live and will stay valid for what the waiter needs: half the

@@ -22,26 +22,23 @@ use futures::future::Either;
 use futures::TryFutureExt;
 use tokio::time::Instant;
 
-use crate::baton::{Baton, Ticket};
 use crate::conn::{Conn, Failed};
-use crate::holds::{HoldOps, Lease, Loss, Turn, Waiting};
-use crate::hub::Wake;
-use crate::kind::{Kind, Reply};
+use crate::engine::baton::{Baton, Ticket};
+use crate::engine::client_inner::ClientInner;
+use crate::engine::guard::Guard;
+use crate::engine::holds::{HoldOps, Lease, Loss, Turn, Waiting};
+use crate::engine::hub::Wake;
+use crate::engine::kind::{Kind, Reply};
 use crate::metrics;
-use crate::shared::ClientInner;
 use crate::{Error, Result};
-use guard::Guard;
 
-mod call;
-pub(crate) mod guard;
-
-pub(crate) use call::{bounded, Finish, CALL_BOUND};
+pub(crate) use crate::engine::call::{bounded, Finish, CALL_BOUND};
 
 /// How long a parked waiter pauses before retrying after a connection error or timeout.
 const RETRY_AFTER_ERROR_MS: u64 = 200;
 
 /// How long a waiter refused without a round trip (its client holds the lock through a hold
-/// handed on in memory, see [`crate::baton`]) parks at most before it looks again.
+/// handed on in memory, see [`crate::engine::baton`]) parks at most before it looks again.
 const HELD_HERE_RECHECK_MS: u64 = 100;
 
 /// The longest a waiter parks while its channel's subscription is not confirmed (the
@@ -86,7 +83,7 @@ pub(crate) trait Attempts: Send {
     fn give_up(&mut self) {}
 
     /// Who this waiter is for a baton pass, if the lock can be passed to it (see
-    /// [`crate::baton`]).
+    /// [`crate::engine::baton`]).
     fn baton(&self) -> Option<Baton> {
         None
     }
@@ -286,7 +283,7 @@ pub(crate) fn wait_for<A: Attempts>(
                     // Passed the lock meanwhile: no attempt of its own (it would re-enter).
                     // A pass to it still in flight is waited out, but not past the caller's
                     // deadline: leaving then gets nothing, and the hold the pass wrote is
-                    // released by the releaser (see `crate::baton`).
+                    // released by the releaser (see `crate::engine::baton`).
                     let handed = match &ticket {
                         Some(ticket) => {
                             match until(waiter.deadline, ticket.start_attempt()).await {

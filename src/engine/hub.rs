@@ -35,11 +35,11 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 
-use crate::baton::{Claim, Queue};
 use crate::config::PubSubMode;
-use crate::holds::{Entry, Holds};
-pub use crate::wake_state::Wake;
-use crate::wake_state::{TakenWakeUp, Wakes};
+use crate::engine::baton::{Claim, Queue};
+use crate::engine::holds::{Entry, Holds};
+pub use crate::engine::wake_state::Wake;
+use crate::engine::wake_state::{TakenWakeUp, Wakes};
 
 /// One channel as seen by this process.
 pub(crate) struct Channel {
@@ -64,7 +64,7 @@ pub(crate) struct Group {
     key: Arc<str>,
     /// Its waiters' wake-ups (the group leaves its channel when none is registered).
     wakes: Wakes,
-    /// The batons of its waiters that can be passed the lock (see [`crate::baton`]).
+    /// The batons of its waiters that can be passed the lock (see [`crate::engine::baton`]).
     batons: Arc<Queue>,
     /// [`Wake::Lock`]: when the lock's lease ends, as the last `-<ms>` message said, while a
     /// timer task waits to wake the waiters then (`None`: no news, no timer).
@@ -458,7 +458,7 @@ impl Hub {
     }
 
     /// Claims the first parked waiter of `key` on channel `name` that can be passed the
-    /// lock (see [`crate::baton`]).
+    /// lock (see [`crate::engine::baton`]).
     pub(crate) fn claim_baton(&self, name: &str, key: &str) -> Option<Claim> {
         self.batons(name, key)?.claim()
     }
@@ -482,7 +482,7 @@ impl Hub {
     }
 
     /// Whether releases of `key` are ordinary ones for now, another client having been
-    /// found waiting on channel `name` (see [`crate::baton`]).
+    /// found waiting on channel `name` (see [`crate::engine::baton`]).
     pub(crate) fn other_clients_wait(&self, name: &str, key: &str) -> bool {
         self.batons(name, key)
             .is_some_and(|batons| batons.other_clients_wait())

@@ -6,11 +6,11 @@ use std::time::Duration;
 use fred::types::Value;
 
 use crate::conn::{lua_script, Ack, Call, Conn, LuaScript};
-use crate::holds::{HoldOps, Renewal};
-use crate::hub::Wake;
-use crate::kinds::reentrant::{HashLock, RENEW, UNLOCK_MESSAGE};
+use crate::engine::client_inner::ClientInner;
+use crate::engine::holds::{HoldOps, Renewal};
+use crate::engine::hub::Wake;
+use crate::kinds::lock::{HashLock, RENEW, UNLOCK_MESSAGE};
 use crate::kinds::{acquire_methods, decode_counted, prefix_name, Kind, Named, Reply, Sealed};
-use crate::shared::ClientInner;
 use crate::{Guard, Owner, Result};
 
 lua_script!(ACQUIRE, "fair/acquire.lua");

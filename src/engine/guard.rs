@@ -6,11 +6,11 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use crate::acquire::{bounded, settle, trim_lost, undo_acquire, Finish};
-use crate::baton::{Claim, LOCAL_RUN_FOR};
 use crate::conn::{Conn, Failed};
-use crate::holds::{Entry, HandOn, HoldOps, Lease, Loss, Registered, Turn};
-use crate::kind::Kind;
+use crate::engine::acquire::{bounded, settle, trim_lost, undo_acquire, Finish};
+use crate::engine::baton::{Claim, LOCAL_RUN_FOR};
+use crate::engine::holds::{Entry, HandOn, HoldOps, Lease, Loss, Registered, Turn};
+use crate::engine::kind::Kind;
 use crate::owner::Owner;
 use crate::{Error, Result};
 
@@ -224,7 +224,7 @@ impl<K: Kind> Guard<K> {
             return Err(not_held());
         }
         let zero = Some(std::time::Duration::ZERO);
-        let again = crate::acquire::acquire(&self.kind, zero, self.hold.lease);
+        let again = crate::engine::acquire::acquire(&self.kind, zero, self.hold.lease);
         self.scoped(again).await?.ok_or_else(not_held)
     }
 
@@ -232,11 +232,11 @@ impl<K: Kind> Guard<K> {
     /// is polled re-enters this hold. A hold of an explicit owner of another client has no
     /// scope (its own handle re-enters it).
     fn scoped<F: Future>(&self, future: F) -> impl Future<Output = F::Output> {
-        crate::scope::within(self.scope(), future)
+        crate::engine::scope::within(self.scope(), future)
     }
 
     /// This hold as a scope names it, if it has one (see [`scoped`](Guard::scoped)).
-    pub(crate) fn scope(&self) -> Option<crate::scope::Scoped> {
+    pub(crate) fn scope(&self) -> Option<crate::engine::scope::Scoped> {
         let named = self.kind.named();
         let number = self.own_number()?;
         Some((named.client.id.clone(), named.key.clone(), number))
@@ -372,7 +372,7 @@ pub(crate) async fn release_after<T>(
 
 /// Releases one hold under the owner's turn — or, for the owner's last hold, hands it to a
 /// parked waiter of this client when one can take it: in memory when the hold allows, else
-/// with the pass script (see [`crate::baton`]).
+/// with the pass script (see [`crate::engine::baton`]).
 async fn release<K: Kind>(kind: K, hold: Hold, extra: K::Extra) -> Result<()> {
     let named = kind.named();
     let client = &named.client;
@@ -551,7 +551,7 @@ enum Handing {
 }
 
 /// The local hand-off of `hold`, the last of its hold, to the claimed waiter (see
-/// [`crate::baton`]): its guard carries the same field, generation and validity, and nothing
+/// [`crate::engine::baton`]): its guard carries the same field, generation and validity, and nothing
 /// is sent. Counts the channel's subscribers in the background when the count is due.
 fn hand_on<K: Kind>(kind: &K, hold: &Hold, turn: &Turn, claim: Claim, extra: K::Extra) -> Handing {
     let conn = &kind.named().client.conn;
@@ -696,7 +696,7 @@ impl<K: Kind> Passing<K> {
 fn retry_release(
     conn: Arc<Conn>,
     turn: Turn,
-    ops: Arc<dyn crate::holds::HoldOps>,
+    ops: Arc<dyn crate::engine::holds::HoldOps>,
     field: Arc<str>,
     name: String,
 ) {

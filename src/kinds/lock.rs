@@ -7,11 +7,11 @@ use fred::types::Value;
 use futures::future::BoxFuture;
 
 use crate::conn::{lua_script, Ack, Call, Conn};
-use crate::holds::{HoldOps, Renewal};
-use crate::hub::Wake;
+use crate::engine::client_inner::ClientInner;
+use crate::engine::holds::{HoldOps, Renewal};
+use crate::engine::hub::Wake;
 use crate::kinds::{acquire_methods, decode_counted, prefix_name, Kind, Named, Reply, Sealed};
 use crate::owner::Owner;
-use crate::shared::ClientInner;
 use crate::Result;
 
 lua_script!(ACQUIRE, "lock/acquire.lua");

@@ -5,11 +5,11 @@ use std::sync::Arc;
 use fred::types::Value;
 
 use crate::conn::{lua_script, Call, Conn, LuaScript};
-use crate::holds::HoldOps;
-use crate::hub::Wake;
-use crate::kinds::reentrant::{hash_lock_methods, HashLock};
+use crate::engine::client_inner::ClientInner;
+use crate::engine::holds::HoldOps;
+use crate::engine::hub::Wake;
+use crate::kinds::lock::{hash_lock_methods, HashLock};
 use crate::kinds::{acquire_methods, decode_counted, prefix_name, Kind, Named, Reply, Sealed};
-use crate::shared::ClientInner;
 use crate::{Guard, Result};
 
 lua_script!(ACQUIRE, "fenced/acquire.lua");
