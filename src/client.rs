@@ -9,7 +9,7 @@ use fred::types::config::TcpConfig;
 
 use crate::config::{redact_url, Builder, Config};
 use crate::conn::{Composite, Conn};
-use crate::engine::acquire::{bounded, CALL_BOUND};
+use crate::engine::call::{bounded, CALL_BOUND};
 use crate::engine::client_inner::ClientInner;
 use crate::engine::holds::{Holds, Loss};
 use crate::engine::hub::Hub;

@@ -79,9 +79,11 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
-pub(crate) use crate::engine::baton_state::Baton;
-use crate::engine::baton_state::Entries;
+pub(crate) mod queue_state;
+
 use crate::engine::holds::Entry;
+pub(crate) use queue_state::Baton;
+use queue_state::Entries;
 
 /// Releases of a key made the ordinary way, without a claim, after a pass found another
 /// client waiting: that client most likely still waits (it is served by the unlock message,

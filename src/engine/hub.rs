@@ -38,8 +38,10 @@ use tokio::time::Instant;
 use crate::config::PubSubMode;
 use crate::engine::baton::{Claim, Queue};
 use crate::engine::holds::{Entry, Holds};
-pub use crate::engine::wake_state::Wake;
-use crate::engine::wake_state::{TakenWakeUp, Wakes};
+pub(crate) mod wake_state;
+
+pub use wake_state::Wake;
+use wake_state::{TakenWakeUp, Wakes};
 
 /// One channel as seen by this process.
 pub(crate) struct Channel {

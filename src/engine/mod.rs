@@ -6,7 +6,6 @@
 
 pub(crate) mod acquire;
 pub(crate) mod baton;
-pub(crate) mod baton_state;
 pub(crate) mod call;
 pub(crate) mod client_inner;
 pub(crate) mod guard;
@@ -15,7 +14,8 @@ pub(crate) mod hub;
 pub(crate) mod kind;
 #[cfg(test)]
 pub(crate) mod model;
+pub(crate) mod release;
+pub(crate) mod repair;
 pub(crate) mod scope;
-pub(crate) mod turn_state;
-pub(crate) mod wake_state;
+pub(crate) mod wait;
 pub(crate) mod watchdog;

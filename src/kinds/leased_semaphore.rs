@@ -389,7 +389,7 @@ impl LeasedSemaphore {
         named.check()?;
         let conn = &named.client.conn;
         let call = self.inner.release(conn, &id.to_string(), 1, 0);
-        let reply = crate::engine::acquire::bounded(call, conn)
+        let reply = crate::engine::call::bounded(call, conn)
             .await
             .map_err(|failed| failed.to_error(conn, named.name()))?;
         Ok(reply.as_i64() == Some(0))

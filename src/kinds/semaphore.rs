@@ -8,9 +8,11 @@ use std::time::Duration;
 use fred::types::Value;
 
 use crate::conn::{lua_script, Failed, LuaScript};
-use crate::engine::acquire::{bounded, traced, wait_for, Attempts, Finish, Try};
+use crate::engine::acquire::traced;
+use crate::engine::call::{bounded, Finish};
 use crate::engine::client_inner::ClientInner;
 use crate::engine::hub::Wake;
+use crate::engine::wait::{wait_for, Attempts, Try};
 use crate::kinds::{prefix_name, Named};
 use crate::{Error, Result};
 

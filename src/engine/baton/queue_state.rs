@@ -196,8 +196,8 @@ fn wake<G>(entry: &mut Entry<G>) {
 #[cfg(test)]
 mod model {
     use super::*;
+    use crate::engine::hub::wake_state::{TakenWakeUp, Wake, Wakes};
     use crate::engine::model::explore;
-    use crate::engine::wake_state::{TakenWakeUp, Wake, Wakes};
     use shuttle::future::{block_on, spawn};
     use shuttle::sync::atomic::AtomicUsize;
     use shuttle::sync::Mutex;

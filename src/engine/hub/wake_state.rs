@@ -49,7 +49,7 @@ pub(crate) trait Word: Send + Sync + 'static {
 /// Implements [`Word`] by delegating to an atomic type with the standard library's methods.
 macro_rules! atomic_word {
     ($atomic:ty) => {
-        impl $crate::engine::wake_state::Word for $atomic {
+        impl $crate::engine::hub::wake_state::Word for $atomic {
             fn new(value: usize) -> Self {
                 <$atomic>::new(value)
             }
