@@ -17,104 +17,127 @@ use crate::engine::kind::Kind;
 use crate::engine::repair::{retry_release, settle, trim_lost, undo_acquire};
 use crate::{Error, Result};
 
-/// Releases one hold under the owner's turn — or, for the owner's last hold, hands it to a
-/// parked waiter of this client when one can take it: in memory when the hold allows, else
-/// with the pass script (see [`crate::engine::baton`]).
+/// Releases one hold under the owner's turn, in three steps: choose the route (the owner's
+/// last hold may go to a parked waiter of this client, in memory or with the pass script; a
+/// lost hold sends nothing), make its one bounded call, and read the reply, repairing what
+/// an unknown or failed outcome may have left behind (see [`crate::engine::repair`]).
 pub(crate) async fn release<K: Kind>(kind: K, hold: Hold, extra: K::Extra) -> Result<()> {
     let named = kind.named();
-    let client = &named.client;
-    let conn = &client.conn;
+    let conn = &named.client.conn;
     let ops = kind.ops();
     let far = Instant::now() + conn.command_timeout() * 4;
-    let Some(turn) = client.holds.turn(&named.key, &hold.field, &ops, far).await else {
+    let Some(turn) = named
+        .client
+        .holds
+        .turn(&named.key, &hold.field, &ops, far)
+        .await
+    else {
         return Err(Error::Timeout(conn.command_timeout()));
     };
+    let (passing, call) = match route(&kind, &hold, &turn, extra).await {
+        Route::HandedInMemory => {
+            drop(turn);
+            // As after a pass: let the woken holder run before whatever the releaser does
+            // next pushes it out of this worker's next slot.
+            tokio::task::yield_now().await;
+            return Ok(());
+        }
+        Route::Lost => return Err(lost(&kind, &ops, turn)),
+        Route::Pass(passing, call) => (Some(passing), call),
+        Route::Release => (None, ops.release(conn, &hold.field, 1, 0)),
+    };
+    let sent_at = Instant::now();
+    let mut outcome = bounded(call, conn).await;
+    if let Some(passing) = passing {
+        match passing.finish(&kind, &ops, &outcome, sent_at).await {
+            AfterPass::Done => return Ok(()),
+            AfterPass::Released => {}
+            AfterPass::Refused => {
+                outcome = bounded(ops.release(conn, &hold.field, 1, 0), conn).await
+            }
+        }
+    }
+    released(&kind, &hold, turn, ops, outcome)
+}
+
+/// Where a release goes.
+enum Route<K: Kind> {
+    /// Handed to a parked waiter of this client in memory: nothing is sent.
+    HandedInMemory,
+    /// The hold is lost: nothing may be sent (the owner may hold the lock anew).
+    Lost,
+    /// The pass script, which gives the lock to the claimed waiter (or releases it, when
+    /// another client waits).
+    Pass(Passing<K>, crate::conn::Call),
+    /// The release script.
+    Release,
+}
+
+/// Chooses how `hold` is released under `turn`, and forgets its guard before anything is
+/// sent, so no renewal can outlive the release.
+async fn route<K: Kind>(kind: &K, hold: &Hold, turn: &Turn, extra: K::Extra) -> Route<K> {
     let mut claim = None;
     if turn.last_guard(hold.generation) {
         // The hand-off latency of a waiter of this client starts here.
-        client.holds.metrics().released(&named.key);
+        let named = kind.named();
+        named.client.holds.metrics().released(&named.key);
         // The run is the hold's, whichever of its guards (re-entry adds some) goes last.
-        claim = claim_waiter(&kind, &hold, turn.passes());
-        if let Some(waiting) = claim.take() {
-            match hand_on(&kind, &hold, &turn, waiting, extra) {
-                Handing::Handed => {
-                    drop(turn);
-                    // As after a pass: let the woken holder run before whatever the releaser
-                    // does next pushes it out of this worker's next slot.
-                    tokio::task::yield_now().await;
-                    return Ok(());
-                }
+        if let Some(waiting) = claim_waiter(kind, hold, turn.passes()) {
+            match hand_on(kind, hold, turn, waiting, extra) {
+                Handing::Handed => return Route::HandedInMemory,
                 Handing::Ordinary => {}
                 Handing::Script(waiting) => claim = Some(waiting),
             }
         }
     }
-    // Forgotten first, so no renewal can outlive the release. A lost hold must not run the
-    // script: the same owner may have taken the lock again, and it would release that. Where
-    // other holds keep the key alive past this hold's lease, what is left of the lost hold is
-    // trimmed instead (the holds taken anew stay), or it would lock others out.
     let Some(guards_left) = turn.forget_guard(hold.generation, hold.lease) else {
         if let Some(claim) = claim {
             claim.withdraw();
         }
-        if conn.is_closed() {
-            return Err(Error::ShutDown);
-        }
-        if ops.shares_expiry() {
-            trim_lost(conn.clone(), turn);
-        }
-        return Err(Error::NotHeld {
-            name: named.name().to_owned(),
-        });
+        return Route::Lost;
     };
-    let passing = match claim {
-        Some(claim) if guards_left == 0 => Passing::claim(&kind, &hold, turn.passes(), claim).await,
+    match claim {
+        Some(claim) if guards_left == 0 => {
+            match Passing::claim(kind, hold, turn.passes(), claim).await {
+                Some((passing, call)) => Route::Pass(passing, call),
+                None => Route::Release,
+            }
+        }
         Some(claim) => {
             claim.withdraw();
-            None
+            Route::Release
         }
-        None => None,
-    };
-    let sent_at = Instant::now();
-    let (passing, call) = match passing {
-        Some((passing, call)) => (Some(passing), call),
-        None => (None, ops.release(conn, &hold.field, 1, 0)),
-    };
-    let mut outcome = bounded(call, conn).await;
-    if let Some(passing) = passing {
-        match &outcome {
-            Ok(reply) if reply.as_i64() == Some(PASSED) => {
-                if conn.is_closed() || passing.turn.ended_before_reply(1, passing.lease, sent_at) {
-                    // Shutting down, or the pass's reply came after the lease it wrote had
-                    // ended by the local clock (invariant 18, docs/DESIGN.md): the waiter gets no
-                    // guard, and the hold the pass wrote goes as an acquire's would.
-                    passing.undo(conn, ops, named.name()).await;
-                } else {
-                    passing.hand_over(&kind, sent_at);
-                    // The next holder was just woken into this worker's next slot. Whatever
-                    // the releaser does next (often another acquire, whose send wakes the
-                    // connection's task) would push it out of that slot, onto the queue other
-                    // workers wake up to steal from: let it run first.
-                    tokio::task::yield_now().await;
-                }
-                return Ok(());
-            }
-            // Released the ordinary way, message and all: another client was waiting.
-            Ok(reply) if reply.as_i64() == Some(0) => passing.another_client_waits(),
-            // The pass may have run: the next owner's count, like the releaser's, is trimmed
-            // back to what this client accounts for (none), which releases it.
-            Err(Failed::MaybeRan(_) | Failed::Unreplicated { .. }) => passing.settle(conn),
-            Err(Failed::NotRun(e)) if !named.error(e).is_transient() => {
-                // The server refused the script before it wrote anything: release the
-                // ordinary way, now and from now on.
-                tracing::warn!(lock = %named.name(), error = %e, "the server refuses the baton pass (an ACL without PUBSUB NUMSUB?); this client releases without it");
-                client.passes_refused.store(true, Ordering::Relaxed);
-                passing.withdraw();
-                outcome = bounded(ops.release(conn, &hold.field, 1, 0), conn).await;
-            }
-            _ => passing.withdraw(),
-        }
+        None => Route::Release,
     }
+}
+
+/// The error for a release of a lost hold, which sent nothing. Where other holds keep the
+/// key alive past this hold's lease, what is left of the lost hold is trimmed instead (the
+/// holds taken anew stay), or it would lock others out.
+fn lost<K: Kind>(kind: &K, ops: &Arc<dyn HoldOps>, turn: Turn) -> Error {
+    let named = kind.named();
+    let conn = &named.client.conn;
+    if conn.is_closed() {
+        return Error::ShutDown;
+    }
+    if ops.shares_expiry() {
+        trim_lost(conn.clone(), turn);
+    }
+    Error::NotHeld {
+        name: named.name().to_owned(),
+    }
+}
+
+/// What the release script's reply says, and the repairs its failures call for.
+fn released<K: Kind>(
+    kind: &K,
+    hold: &Hold,
+    turn: Turn,
+    ops: Arc<dyn HoldOps>,
+    outcome: std::result::Result<fred::types::Value, Failed>,
+) -> Result<()> {
+    let named = kind.named();
+    let conn = &named.client.conn;
     match outcome {
         Ok(reply) => match reply.as_i64() {
             Some(-1) => {
@@ -157,6 +180,16 @@ pub(crate) async fn release<K: Kind>(kind: K, hold: Hold, extra: K::Extra) -> Re
             Err(error)
         }
     }
+}
+
+/// What a pass's reply left the release to do.
+enum AfterPass {
+    /// Nothing: the lock went to the waiter (or was released again, the waiter gone).
+    Done,
+    /// The pass script released the lock the ordinary way: its reply is the release's.
+    Released,
+    /// The server refused the pass script: release with the release script.
+    Refused,
 }
 
 /// The pass script's reply when the lock went to the claimed waiter.
@@ -313,6 +346,60 @@ impl<K: Kind> Passing<K> {
             self.extra,
         );
         drop(self.claim.hand(Box::new(guard)));
+    }
+
+    /// Reads the pass script's reply `outcome` (sent at `sent_at`): the waiter gets the
+    /// lock, or parks on, or the pass's unknown outcome is settled.
+    async fn finish(
+        self,
+        kind: &K,
+        ops: &Arc<dyn HoldOps>,
+        outcome: &std::result::Result<fred::types::Value, Failed>,
+        sent_at: Instant,
+    ) -> AfterPass {
+        let named = kind.named();
+        let conn = &named.client.conn;
+        match outcome {
+            Ok(reply) if reply.as_i64() == Some(PASSED) => {
+                if conn.is_closed() || self.turn.ended_before_reply(1, self.lease, sent_at) {
+                    // Shutting down, or the pass's reply came after the lease it wrote had
+                    // ended by the local clock (invariant 18, docs/DESIGN.md): the waiter gets
+                    // no guard, and the hold the pass wrote goes as an acquire's would.
+                    self.undo(conn, ops.clone(), named.name()).await;
+                } else {
+                    self.hand_over(kind, sent_at);
+                    // The next holder was just woken into this worker's next slot. Whatever
+                    // the releaser does next (often another acquire, whose send wakes the
+                    // connection's task) would push it out of that slot, onto the queue other
+                    // workers wake up to steal from: let it run first.
+                    tokio::task::yield_now().await;
+                }
+                AfterPass::Done
+            }
+            // Released the ordinary way, message and all: another client was waiting.
+            Ok(reply) if reply.as_i64() == Some(0) => {
+                self.another_client_waits();
+                AfterPass::Released
+            }
+            // The pass may have run: the next owner's count, like the releaser's, is trimmed
+            // back to what this client accounts for (none), which releases it.
+            Err(Failed::MaybeRan(_) | Failed::Unreplicated { .. }) => {
+                self.settle(conn);
+                AfterPass::Released
+            }
+            Err(Failed::NotRun(e)) if !named.error(e).is_transient() => {
+                // The server refused the script before it wrote anything: release the
+                // ordinary way, now and from now on.
+                tracing::warn!(lock = %named.name(), error = %e, "the server refuses the baton pass (an ACL without PUBSUB NUMSUB?); this client releases without it");
+                named.client.passes_refused.store(true, Ordering::Relaxed);
+                self.withdraw();
+                AfterPass::Refused
+            }
+            _ => {
+                self.withdraw();
+                AfterPass::Released
+            }
+        }
     }
 
     /// Passed while the client shuts down: released again at once.

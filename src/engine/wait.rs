@@ -97,8 +97,73 @@ struct Waiter<A: Attempts> {
 
 impl<A: Attempts> Waiter<A> {
     /// Acquired: nothing to give up.
-    fn disarm(&mut self) {
+    fn acquired(&mut self, output: A::Output) -> A::Output {
         self.armed = false;
+        output
+    }
+
+    /// Whether the caller's wait is over.
+    fn over(&self) -> bool {
+        self.deadline.is_some_and(|d| Instant::now() >= d)
+    }
+}
+
+/// What a parked waiter knows between its attempts.
+#[derive(Default)]
+struct Parked {
+    /// How long the holder's lease has left, by the last refusal (the park's bound).
+    held_for: u64,
+    /// An attempt the replicas did not acknowledge was undone: it is retried within the
+    /// caller's wait, and reported only once the wait is spent. Boxed: it is rare, and kept in
+    /// a parked waiter's state.
+    unreplicated: Option<Box<Error>>,
+    /// Since when attempts fail with transient errors.
+    failing_since: Option<Instant>,
+}
+
+impl Parked {
+    /// Refused: the holder's lease has `pttl` milliseconds left.
+    fn refused(&mut self, pttl: u64) {
+        self.held_for = pttl;
+        self.failing_since = None;
+        self.unreplicated = None;
+    }
+
+    /// The attempt was undone for want of replicas: retried soon.
+    fn unreplicated(&mut self, error: Error) {
+        self.held_for = RETRY_AFTER_ERROR_MS;
+        self.unreplicated = Some(Box::new(error));
+    }
+
+    /// An attempt failed with `error`: the error to leave with, or `None` to retry soon. A
+    /// parked waiter rides out a restart or failover (transient errors) for up to `bound`.
+    fn failed(&mut self, error: Error, bound: Duration, name: &str) -> Option<Error> {
+        if !error.is_transient() {
+            return Some(error);
+        }
+        let since = *self.failing_since.get_or_insert_with(Instant::now);
+        if since.elapsed() > bound {
+            return Some(error);
+        }
+        tracing::debug!(lock = %name, %error, "retrying after error");
+        self.held_for = RETRY_AFTER_ERROR_MS;
+        self.unreplicated = matches!(error, Error::NotReplicated { .. }).then(|| Box::new(error));
+        None
+    }
+
+    /// The outcome of a wait that ends without the lock: nothing, or the refusal of the last
+    /// attempt the replicas did not acknowledge.
+    fn gave_up<T>(&mut self) -> Result<Option<T>> {
+        self.unreplicated.take().map_or(Ok(None), |e| Err(*e))
+    }
+
+    /// How long to park: the holder's remaining lease, capped by the caller's deadline.
+    fn park_time(&self, deadline: Option<Instant>) -> Duration {
+        let lease_left = Duration::from_millis(self.held_for.max(1));
+        match deadline {
+            Some(d) => lease_left.min(d.saturating_duration_since(Instant::now())),
+            None => lease_left,
+        }
     }
 }
 
@@ -137,7 +202,7 @@ pub(crate) fn wait_for<A: Attempts>(
         let outcome = 'wait: {
             // Scoped: what only the setup needs is not kept in a parked waiter's state (a value
             // borrowed once is kept until its scope ends, moved out or not).
-            let (mut held_for, mut unreplicated, subscription, skip_recheck, mut generation) = {
+            let (mut parked, subscription, skip_recheck, mut generation) = {
                 let (channel_name, group_key, wake) = waiter.attempts.channel();
                 // The hub is borrowed where it is used, not kept.
                 let hub = &waiter.attempts.client().hub;
@@ -147,25 +212,18 @@ pub(crate) fn wait_for<A: Attempts>(
                 let early = hub.confirmed_channel(&channel_name);
                 let generation = hub.generation();
 
-                // An attempt the replicas did not acknowledge was undone: it is retried within
-                // the caller's wait, and reported only once the wait is spent. Boxed: it is rare,
-                // and kept in a parked waiter's state.
-                let mut unreplicated: Option<Box<Error>> = None;
-                let held_for = match waiter.attempts.attempt().await {
-                    Ok(Try::Got(output)) => {
-                        waiter.disarm();
-                        break 'wait Ok(Some(output));
-                    }
-                    Ok(Try::Busy(pttl) | Try::TooFew(pttl)) => pttl,
-                    Err(e @ Error::NotReplicated { .. }) if !past(waiter.deadline) => {
+                let mut parked = Parked::default();
+                match waiter.attempts.attempt().await {
+                    Ok(Try::Got(output)) => break 'wait Ok(Some(waiter.acquired(output))),
+                    Ok(Try::Busy(pttl) | Try::TooFew(pttl)) => parked.refused(pttl),
+                    Err(e @ Error::NotReplicated { .. }) if !waiter.over() => {
                         tracing::debug!(lock = %waiter.attempts.name(), error = %e, "not replicated; retrying");
-                        unreplicated = Some(Box::new(e));
-                        RETRY_AFTER_ERROR_MS
+                        parked.unreplicated(e);
                     }
                     Err(e) => break 'wait Err(e),
-                };
-                if past(waiter.deadline) {
-                    break 'wait unreplicated.map_or(Ok(None), |e| Err(*e));
+                }
+                if waiter.over() {
+                    break 'wait parked.gave_up();
                 }
                 waiter.attempts.parking();
 
@@ -175,13 +233,7 @@ pub(crate) fn wait_for<A: Attempts>(
                 let skip_recheck = early.is_some_and(|(ch, delivered)| {
                     Arc::ptr_eq(&ch, subscription.channel()) && ch.delivered() == delivered
                 }) && hub.generation() == generation;
-                (
-                    held_for,
-                    unreplicated,
-                    subscription,
-                    skip_recheck,
-                    generation,
-                )
+                (parked, subscription, skip_recheck, generation)
             };
             // In the key's baton queue from here, so a release can pass the lock straight to it.
             let ticket = waiter
@@ -190,7 +242,7 @@ pub(crate) fn wait_for<A: Attempts>(
                 .map(|baton| subscription.batons().join(baton));
             if !skip_recheck {
                 // Bounded like any wait: a subscriber that is down costs at most a poll.
-                let bound = park_time(held_for, waiter.deadline).min(UNCONFIRMED_POLL);
+                let bound = parked.park_time(waiter.deadline).min(UNCONFIRMED_POLL);
                 tokio::select! {
                     _ = subscription.channel().confirmed() => {}
                     _ = tokio::time::sleep(bound) => {
@@ -198,14 +250,13 @@ pub(crate) fn wait_for<A: Attempts>(
                     }
                 }
             }
-            tracing::trace!(lock = %waiter.attempts.name(), pttl = held_for, "waiting");
+            tracing::trace!(lock = %waiter.attempts.name(), pttl = parked.held_for, "waiting");
 
             let mut recheck = !skip_recheck;
             // The group's message count when this waiter last looked: any wake-up is news to
             // it until it has looked once.
             let mut seen = subscription.messages().wrapping_sub(1);
             let mut passed = false;
-            let mut failing_since: Option<Instant> = None;
             loop {
                 if recheck {
                     generation = waiter.attempts.client().hub.generation();
@@ -218,7 +269,7 @@ pub(crate) fn wait_for<A: Attempts>(
                         Some(ticket) => {
                             match until(waiter.deadline, ticket.start_attempt()).await {
                                 Some(handed) => handed,
-                                None => break 'wait unreplicated.map_or(Ok(None), |e| Err(*e)),
+                                None => break 'wait parked.gave_up(),
                             }
                         }
                         None => None,
@@ -243,26 +294,15 @@ pub(crate) fn wait_for<A: Attempts>(
                             if woken {
                                 tracing::debug!(lock = %waiter.attempts.name(), waited = ?waiter.start.elapsed(), "acquired after wake-up");
                             }
-                            waiter.disarm();
-                            break 'wait Ok(Some(output));
+                            break 'wait Ok(Some(waiter.acquired(output)));
                         }
-                        Ok(Try::Busy(pttl) | Try::TooFew(pttl)) => {
-                            held_for = pttl;
-                            failing_since = None;
-                            unreplicated = None;
-                        }
-                        Err(e) if e.is_transient() => {
-                            // Parked waiters ride out a restart or failover, within a bound.
-                            let since = *failing_since.get_or_insert_with(Instant::now);
-                            if since.elapsed() > waiter.attempts.client().holds.watchdog_lease() {
+                        Ok(Try::Busy(pttl) | Try::TooFew(pttl)) => parked.refused(pttl),
+                        Err(e) => {
+                            let bound = waiter.attempts.client().holds.watchdog_lease();
+                            if let Some(e) = parked.failed(e, bound, waiter.attempts.name()) {
                                 break 'wait Err(e);
                             }
-                            tracing::debug!(lock = %waiter.attempts.name(), error = %e, "retrying after error");
-                            held_for = RETRY_AFTER_ERROR_MS;
-                            unreplicated =
-                                matches!(e, Error::NotReplicated { .. }).then(|| Box::new(e));
                         }
-                        Err(e) => break 'wait Err(e),
                     }
                 }
                 if let Some(why) = subscription.channel().refused() {
@@ -272,14 +312,14 @@ pub(crate) fn wait_for<A: Attempts>(
                 }
                 recheck = true;
                 passed = false;
-                if past(waiter.deadline) {
-                    break 'wait unreplicated.map_or(Ok(None), |e| Err(*e));
+                if waiter.over() {
+                    break 'wait parked.gave_up();
                 }
                 if waiter.attempts.client().conn.is_closed() {
                     // Shutting down (its wake-up may have come before this turn of the loop).
                     break 'wait Err(Error::ShutDown);
                 }
-                let mut bound = park_time(held_for, waiter.deadline);
+                let mut bound = parked.park_time(waiter.deadline);
                 if !subscription.channel().is_confirmed() {
                     bound = bound.min(UNCONFIRMED_POLL);
                 } else if let Some(ticket) = &ticket {
@@ -298,20 +338,15 @@ pub(crate) fn wait_for<A: Attempts>(
                 if waiter.attempts.client().conn.is_closed() {
                     break 'wait Err(Error::ShutDown);
                 }
-                if subscription.holds_wake_up() && past(waiter.deadline) {
+                if subscription.holds_wake_up() && waiter.over() {
                     // Leaving: the subscription passes the wake-up on as it goes.
-                    break 'wait unreplicated.map_or(Ok(None), |e| Err(*e));
+                    break 'wait parked.gave_up();
                 }
             }
         };
         recording.finish(&outcome);
         outcome
     }
-}
-
-/// Whether the caller's wait is over.
-fn past(deadline: Option<Instant>) -> bool {
-    deadline.is_some_and(|d| Instant::now() >= d)
 }
 
 /// `future`'s output, or `None` if `deadline` passes first (an output ready by then is
@@ -328,14 +363,5 @@ fn baton_acted<'t>(ticket: &'t Option<Ticket<'_>>) -> impl Future<Output = ()> +
     match ticket {
         Some(ticket) => Either::Left(ticket.acted()),
         None => Either::Right(std::future::pending()),
-    }
-}
-
-/// How long a waiter parks: the holder's remaining lease, capped by the caller's deadline.
-fn park_time(held_for_ms: u64, deadline: Option<Instant>) -> Duration {
-    let lease_left = Duration::from_millis(held_for_ms.max(1));
-    match deadline {
-        Some(d) => lease_left.min(d.saturating_duration_since(Instant::now())),
-        None => lease_left,
     }
 }
