@@ -8,8 +8,6 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 
-use fred::interfaces::ClientLike;
-
 use crate::config::Config;
 use crate::conn::Conn;
 use crate::engine::holds::Holds;
@@ -119,7 +117,7 @@ impl Drop for ClientInner {
             let hub = self.hub.clone();
             self.conn.runtime().spawn(async move {
                 hub.shutdown().await;
-                let _ = conn.redis().quit().await;
+                let _ = conn.quit().await;
             });
         }
     }
