@@ -50,15 +50,12 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::composite::{split_reply, Composite, MAX_MEMBERS};
-use super::{acked, send, wait_command, Wait};
+use super::replication::Wait;
+use super::send::{acked, send, wait_command, Outcome};
 use crate::error::{is_noscript, is_unrouted};
 
 /// The shortest `WAIT` a group sends: `WAIT` with a timeout of 0 blocks for ever.
 const MIN_WAIT: Duration = Duration::from_millis(1);
-
-/// What one member's send produced: its script's reply, and the number of replicas the
-/// group's `WAIT` reported if the member asked for one.
-pub(crate) type Outcome = (Result<Value, FredError>, Option<Result<u32, FredError>>);
 
 /// One script waiting for, or travelling in, a group.
 struct Member {

@@ -28,28 +28,31 @@
 mod composite;
 mod group;
 mod pubsub;
+mod replication;
+mod run;
+mod send;
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, LazyLock, Weak};
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use fred::error::{Error as FredError, ErrorKind};
-use fred::interfaces::{ClientLike, ClusterInterface};
+use fred::interfaces::ClientLike;
 use fred::types::config::{Options, Server};
 use fred::types::scripts::Script;
-use fred::types::{ClusterHash, CustomCommand, FromValue, InfoKind, Value};
+use fred::types::{FromValue, Value};
 use parking_lot::RwLock;
 
-use crate::config::{ReplicaSync, AUTO_REPLICA_TIMEOUT};
-use crate::error::{is_noscript, is_redirect, is_rewrite, is_tryagain, is_unblocked};
+use crate::config::ReplicaSync;
+use crate::error::{is_rewrite, is_unblocked};
 use crate::Error;
 pub(crate) use composite::Composite;
 use group::Groups;
+use replication::{follow_replicas, Replication};
+use run::Run;
 
 /// A Lua script of the crate: its text, compiled into the binary, and its SHA1.
 pub(crate) type LuaScript = LazyLock<Script>;
@@ -75,13 +78,6 @@ macro_rules! lua_script {
     };
 }
 pub(crate) use lua_script;
-
-/// The longest pause between two sends of a script the cluster refused (TRYAGAIN, or a
-/// redirection whose target is not known yet).
-const REFUSED_PAUSE_MAX: Duration = Duration::from_millis(200);
-
-/// How often [`ReplicaSync::Auto`] re-reads how many replicas each primary has.
-const REPLICA_SCAN: Duration = Duration::from_secs(1);
 
 /// Why a counted call produced no usable reply.
 #[derive(Debug)]
@@ -177,13 +173,6 @@ impl Ack {
     }
 }
 
-/// How many replicas to wait for, for how long.
-#[derive(Clone, Copy)]
-pub(crate) struct Wait {
-    pub(crate) replicas: u32,
-    pub(crate) timeout: Duration,
-}
-
 /// The command connection, shared by everything of one client.
 pub(crate) struct Conn {
     redis: fred::clients::Client,
@@ -196,56 +185,6 @@ pub(crate) struct Conn {
     replication: Arc<Replication>,
     /// The group-commit write path of the scripts that change a lock.
     groups: Arc<Groups>,
-}
-
-/// What `WAIT`, if any, follows a script that changes a lock. Decided again for every send:
-/// after a redirection or a failover the slot's primary, and so its replicas, may differ.
-struct Replication {
-    sync: ReplicaSync,
-    /// Connected replicas per primary ([`ReplicaSync::Auto`]); `None` is the one node of a
-    /// client that is not clustered.
-    replicas: RwLock<HashMap<Option<Server>, u32>>,
-    /// Whether any primary in `replicas` has a replica: when none has, [`ReplicaSync::Auto`]
-    /// costs one atomic load per call (no lock, no slot lookup).
-    any_replicas: AtomicBool,
-}
-
-impl Replication {
-    /// The `WAIT` a change of the keys in `slot` (`None`: not clustered) needs, if any; made
-    /// on `asking` (the node importing the slot) when set, else on the slot's owner.
-    fn wait_for(
-        &self,
-        redis: &fred::clients::Client,
-        slot: Option<u16>,
-        asking: Option<&Server>,
-    ) -> Option<Wait> {
-        match self.sync {
-            ReplicaSync::Off => None,
-            ReplicaSync::Replicas { min, timeout } => Some(Wait {
-                replicas: min,
-                timeout,
-            }),
-            ReplicaSync::Auto => {
-                if !self.any_replicas.load(Ordering::Acquire) {
-                    return None;
-                }
-                let node = asking.cloned().or_else(|| {
-                    slot.and_then(|slot| {
-                        redis
-                            .cached_cluster_state()
-                            .and_then(|state| state.get_server(slot).cloned())
-                    })
-                });
-                // A primary not counted yet (just promoted) is taken as having none until the
-                // next count: `Auto` never blocks a connection on a replica it has not seen.
-                let connected = self.replicas.read().get(&node).copied().unwrap_or(0);
-                (connected > 0).then_some(Wait {
-                    replicas: 1,
-                    timeout: AUTO_REPLICA_TIMEOUT,
-                })
-            }
-        }
-    }
 }
 
 impl Conn {
@@ -543,376 +482,6 @@ impl Conn {
             _ => None,
         }
     }
-
-    /// Re-reads how many replicas each primary has (`INFO replication`).
-    async fn count_replicas(&self) {
-        let nodes: Vec<Option<Server>> = if self.clustered {
-            self.redis
-                .cached_cluster_state()
-                .map(|state| state.unique_primary_nodes().into_iter().map(Some).collect())
-                .unwrap_or_default()
-        } else {
-            vec![None]
-        };
-        let connected = self.redis.active_connections();
-        let mut counts = HashMap::with_capacity(nodes.len());
-        for node in nodes {
-            // Only primaries fred is connected to: a command addressed to a node it has no
-            // connection to (killed, not yet dropped from its slot map) makes fred restart
-            // every connection of the client. A node not asked keeps its last count.
-            if let Some(server) = node.as_ref().filter(|n| !connected.contains(n)) {
-                tracing::trace!(?server, "not connected: its replica count stays as it was");
-                if let Some(known) = self.replication.replicas.read().get(&node) {
-                    counts.insert(node, *known);
-                }
-                continue;
-            }
-            let info = match &node {
-                Some(server) => {
-                    self.redis
-                        .with_cluster_node(server.clone())
-                        .info::<String>(Some(InfoKind::Replication))
-                        .await
-                }
-                None => self.redis.info::<String>(Some(InfoKind::Replication)).await,
-            };
-            match info {
-                Ok(info) => {
-                    counts.insert(node, online_replicas(&info));
-                }
-                Err(e) => {
-                    // Keep what was known: a node that is briefly away keeps its replicas.
-                    tracing::debug!(?node, error = %e, "could not read the replication state");
-                    if let Some(known) = self.replication.replicas.read().get(&node) {
-                        counts.insert(node, *known);
-                    }
-                }
-            }
-        }
-        let any = counts.values().any(|&n| n > 0);
-        *self.replication.replicas.write() = counts;
-        self.replication.any_replicas.store(any, Ordering::Release);
-    }
-}
-
-/// The replicas an `INFO replication` reply lists as `state=online`: those that can
-/// acknowledge a `WAIT`. `connected_slaves` also counts replicas still in a full resync
-/// (`wait_bgsave`, `send_bulk`), which acknowledge nothing until it ends — waiting for one
-/// would refuse every acquire on a healthy primary meanwhile (as `min-replicas-to-write`, which
-/// counts the same way, would not).
-fn online_replicas(info: &str) -> u32 {
-    let replica_line = |line: &&str| {
-        line.strip_prefix("slave")
-            .and_then(|rest| rest.split_once(':'))
-            .is_some_and(|(n, _)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
-    };
-    let online = |line: &str| line.split(',').any(|field| field.trim() == "state=online");
-    info.lines()
-        .filter(replica_line)
-        .filter(|l| online(l))
-        .count() as u32
-}
-
-/// Keeps [`Conn::replicas`] current while the connection lives.
-async fn follow_replicas(conn: Weak<Conn>) {
-    loop {
-        tokio::time::sleep(REPLICA_SCAN).await;
-        let Some(conn) = conn.upgrade() else { break };
-        if conn.is_closed() {
-            break;
-        }
-        conn.count_replicas().await;
-    }
-}
-
-/// One command to run (a script's `EVALSHA`, or a read): everything its sends need.
-struct Run<'a> {
-    redis: &'a fred::clients::Client,
-    replication: &'a Replication,
-    /// Where a script that changes a lock goes (see `synced`).
-    groups: &'a Arc<Groups>,
-    /// `EVALSHA`, or the command read.
-    name: &'static str,
-    /// The script `EVALSHA` runs, reloaded on NOSCRIPT.
-    script: Option<&'static LuaScript>,
-    /// The command's arguments.
-    command: Vec<Value>,
-    slot: Option<u16>,
-    options: Options,
-    /// Whether a `WAIT` follows where replica sync asks for one: such a command changes a
-    /// lock, and goes in a group (see [`group`]) unless it must follow `ASKING`.
-    synced: bool,
-    /// Whether a write fred refused (which may follow a run) may be sent again.
-    idempotent: bool,
-    /// How long refusals are answered by sending again.
-    retry_for: Duration,
-}
-
-/// A command's reply, and its `WAIT`'s, if one was sent.
-struct Sent {
-    reply: Value,
-    wait: Option<Wait>,
-    waited: Option<Result<u32, FredError>>,
-}
-
-impl Run<'_> {
-    /// Sends the command until Redis runs it, refuses it for good, or `retry_for` has passed.
-    async fn send(&self) -> Result<Sent, FredError> {
-        let give_up_at = Instant::now() + self.retry_for;
-        let mut reloaded = false;
-        let mut refusals = 0;
-        // The node importing the slot, while Redis answers ASK.
-        let mut asking: Option<Server> = None;
-        loop {
-            let wait = self
-                .synced
-                .then(|| {
-                    self.replication
-                        .wait_for(self.redis, self.slot, asking.as_ref())
-                })
-                .flatten();
-            // An idempotent command's sends share its one command timeout (a counted call has
-            // none of fred's: its caller bounds it).
-            let options = if self.idempotent {
-                Options {
-                    timeout: Some(
-                        give_up_at
-                            .saturating_duration_since(Instant::now())
-                            .max(Duration::from_millis(1)),
-                    ),
-                    ..self.options.clone()
-                }
-            } else {
-                self.options.clone()
-            };
-            let (reply, waited) =
-                if self.synced && asking.is_none() {
-                    let grouped = self.groups.send(self.slot, self.command.clone(), wait);
-                    match options.timeout.filter(|t| !t.is_zero()) {
-                        // The group goes on without this caller: only its wait is bounded.
-                        Some(timeout) => tokio::time::timeout(timeout, grouped)
-                            .await
-                            .unwrap_or_else(|_| {
-                                let e = FredError::new(ErrorKind::Timeout, "Request timed out.");
-                                (Err(e), None)
-                            }),
-                        None => grouped.await,
-                    }
-                } else {
-                    send(
-                        self.redis,
-                        &options,
-                        self.name,
-                        self.slot,
-                        self.command.clone(),
-                        wait,
-                        asking.as_ref(),
-                    )
-                    .await
-                };
-            let err = match reply {
-                Ok(reply) => {
-                    return Ok(Sent {
-                        reply,
-                        wait,
-                        waited,
-                    })
-                }
-                Err(err) => err,
-            };
-            if let Some(script) = self.script.filter(|_| is_noscript(&err) && !reloaded) {
-                reloaded = true;
-                tracing::debug!("script cache lost; loading the script again");
-                crate::metrics::script_reloaded();
-                // Boxed, as the redirection's look-up below: rare paths whose fred futures
-                // would otherwise size every call's future (see `send`).
-                Box::pin(script.load(self.redis)).await?;
-                continue;
-            }
-            let redirected = is_redirect(&err);
-            let refused = redirected || is_tryagain(&err) || (self.idempotent && is_rewrite(&err));
-            if !refused || Instant::now() >= give_up_at {
-                return Err(err);
-            }
-            refusals += 1;
-            if redirected {
-                // MOVED or ASK (fred tells neither apart, and re-read the slot map after
-                // MOVED): the slot's owner says whether the slot is migrating, and where.
-                let was_asking = asking.is_some();
-                asking = match self.slot {
-                    Some(slot) => Box::pin(importing_node(self.redis, slot)).await,
-                    None => None,
-                };
-                tracing::debug!(
-                    refusals,
-                    ?asking,
-                    "script redirected by the cluster; sending again"
-                );
-                if asking.is_some() && !was_asking {
-                    // Where the keys went is known: no reason to wait.
-                    continue;
-                }
-            } else {
-                tracing::debug!(refusals, error = %err, "script refused before it ran; sending again");
-            }
-            // While a slot migrates or a failover settles, the nodes may disagree for a while:
-            // sends spaced by a growing pause ride it out without flooding them.
-            let pause = (Duration::from_millis(10) * 2u32.saturating_pow(refusals.min(8)))
-                .min(REFUSED_PAUSE_MAX)
-                .min(give_up_at.saturating_duration_since(Instant::now()));
-            tokio::time::sleep(pause).await;
-        }
-    }
-}
-
-/// The node importing `slot`, when its owner (as fred routes it) says the slot is migrating
-/// there; `None` when it is not migrating, or the node is not one fred routes to (a primary
-/// serving no slot yet: the script is then sent again after a pause until the migration ends).
-async fn importing_node(redis: &fred::clients::Client, slot: u16) -> Option<Server> {
-    let nodes: String = redis
-        .custom(
-            CustomCommand::new_static("CLUSTER", ClusterHash::Custom(slot), false),
-            vec!["NODES"],
-        )
-        .await
-        .map_err(|e| tracing::debug!(error = %e, "CLUSTER NODES failed"))
-        .ok()?;
-    let target = migrating_to(&nodes, slot)?;
-    let state = redis.cached_cluster_state()?;
-    let server = state
-        .slots()
-        .iter()
-        .find(|range| &*range.id == target)
-        .map(|range| range.primary.clone());
-    server
-}
-
-/// In `CLUSTER NODES` as its owner answers it, the id of the node `slot` migrates to: the
-/// owner's own line carries `[<slot>->-<id>]`.
-fn migrating_to(nodes: &str, slot: u16) -> Option<&str> {
-    let myself = nodes.lines().find(|line| {
-        line.split(' ')
-            .nth(2)
-            .is_some_and(|flags| flags.split(',').any(|f| f == "myself"))
-    })?;
-    let marker = format!("[{slot}->-");
-    myself
-        .split(' ')
-        .find_map(|field| field.strip_prefix(marker.as_str())?.strip_suffix(']'))
-}
-
-/// Sends `name` (an EVALSHA, or a read) with `command` as its arguments and `options`, followed by `WAIT` when `wait` is set, back to
-/// back on the same connection: the script's reply, and the number of replicas `WAIT`
-/// reported. With `asking`, all go to that node after `ASKING`, in one pipeline so that no
-/// other command can come between `ASKING` and the script.
-///
-/// Boxed: a fred command future is several KiB, and inline it would make every future that
-/// may send alone (`Conn::call`'s, boxed per call) that large even when its script travels in
-/// a group's task instead; under many concurrent calls that heap churn, freed and trimmed by
-/// malloc and faulted in again, cost more CPU than the rest of the library.
-pub(crate) fn send<'a>(
-    redis: &'a fred::clients::Client,
-    options: &'a Options,
-    name: &'static str,
-    slot: Option<u16>,
-    command: Vec<Value>,
-    wait: Option<Wait>,
-    asking: Option<&'a Server>,
-) -> Pin<Box<dyn Future<Output = group::Outcome> + Send + 'a>> {
-    Box::pin(send_now(redis, options, name, slot, command, wait, asking))
-}
-
-/// [`send`]'s work.
-async fn send_now(
-    redis: &fred::clients::Client,
-    options: &Options,
-    name: &'static str,
-    slot: Option<u16>,
-    command: Vec<Value>,
-    wait: Option<Wait>,
-    asking: Option<&Server>,
-) -> group::Outcome {
-    // Any node when not clustered.
-    let hash = slot.map_or(ClusterHash::Random, ClusterHash::Custom);
-    let first = CustomCommand::new_static(name, hash.clone(), false);
-    if let Some(node) = asking {
-        let options = Options {
-            cluster_node: Some(node.clone()),
-            ..options.clone()
-        };
-        let pipeline = redis.pipeline();
-        let queued = pipeline.with_options(&options);
-        let asking_command = CustomCommand::new_static("ASKING", hash.clone(), false);
-        let mut queue = vec![
-            queued.custom::<(), Value>(asking_command, vec![]).await,
-            queued.custom::<(), Value>(first, command).await,
-        ];
-        if let Some(wait) = wait {
-            let (wait_command, wait_args) = wait_command(hash.clone(), wait);
-            queue.push(queued.custom::<(), Value>(wait_command, wait_args).await);
-        }
-        if let Some(Err(e)) = queue.into_iter().find(Result::is_err) {
-            return (Err(e), None);
-        }
-        let mut replies = pipeline.try_all::<Value>().await.into_iter();
-        let reply = match (replies.next(), replies.next()) {
-            (Some(Err(e)), _) => Err(e),
-            (Some(Ok(_)), Some(reply)) => reply,
-            _ => Err(FredError::new(
-                ErrorKind::Protocol,
-                "no reply to the script",
-            )),
-        };
-        return (
-            reply,
-            wait.map(|_| {
-                acked(replies.next().unwrap_or_else(|| {
-                    Err(FredError::new(ErrorKind::Protocol, "no reply to WAIT"))
-                }))
-            }),
-        );
-    }
-    let Some(wait) = wait else {
-        let reply = redis
-            .with_options(options)
-            .custom::<Value, Value>(first, command)
-            .await;
-        return (reply, None);
-    };
-    let (wait_command, wait_args) = wait_command(hash, wait);
-    // Both go to the router in this order (each future enqueues its command on its first
-    // poll, and `join!` polls in order), so they share the node's connection back to back;
-    // fred never re-sends either (one attempt), so `WAIT` cannot overtake the script.
-    // Boxed: two fred command futures inline would double every send's box, WAIT or not.
-    let client = redis.with_options(options);
-    let (reply, waited) = Box::pin(async {
-        tokio::join!(
-            client.custom::<Value, Value>(first, command),
-            client.custom::<Value, Value>(wait_command, wait_args),
-        )
-    })
-    .await;
-    (reply, Some(acked(waited)))
-}
-
-/// `WAIT` for `wait`, routed by `hash`.
-pub(crate) fn wait_command(hash: ClusterHash, wait: Wait) -> (CustomCommand, Vec<Value>) {
-    (
-        CustomCommand::new_static("WAIT", hash, false),
-        vec![
-            Value::from(i64::from(wait.replicas)),
-            Value::from(wait.timeout.as_millis() as i64),
-        ],
-    )
-}
-
-/// The number of replicas a `WAIT` reply reports.
-pub(crate) fn acked(waited: Result<Value, FredError>) -> Result<u32, FredError> {
-    waited.and_then(|v| {
-        v.as_i64()
-            .map(|n| n.max(0) as u32)
-            .ok_or_else(|| FredError::new(ErrorKind::Parse, "WAIT replied no number"))
-    })
 }
 
 /// `EVALSHA sha numkeys key... arg...` as arguments.
@@ -943,17 +512,7 @@ fn classify(err: FredError) -> Failed {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn only_online_replicas_count() {
-        let info = "# Replication\r\nrole:master\r\nconnected_slaves:3\r\n\
-                    slave0:ip=127.0.0.1,port=7001,state=online,offset=42,lag=0\r\n\
-                    slave1:ip=127.0.0.1,port=7002,state=wait_bgsave,offset=0,lag=0\r\n\
-                    slave2:ip=127.0.0.1,port=7003,state=send_bulk,offset=0,lag=1\r\n\
-                    slave_read_repl_offset:42\r\nmaster_repl_offset:42\r\n";
-        assert_eq!(online_replicas(info), 1);
-        assert_eq!(online_replicas("role:master\r\nconnected_slaves:0\r\n"), 0);
-    }
+    use fred::types::{ClusterHash, CustomCommand};
 
     // Any script serves; one of the lock's own, so the test needs no module above this one.
     lua_script!(ACQUIRE, "lock/acquire.lua");
