@@ -33,6 +33,7 @@ use crate::{Error, Result};
 use guard::Guard;
 
 mod call;
+pub(crate) mod free;
 pub(crate) mod guard;
 
 pub(crate) use call::{bounded, Finish, CALL_BOUND};
@@ -89,6 +90,12 @@ pub(crate) trait Attempts: Send {
     /// [`crate::baton`]).
     fn baton(&self) -> Option<Baton> {
         None
+    }
+
+    /// Whether a waiter whose look succeeded after a wake-up wakes every other waiter of its
+    /// group: they wait for the same news (the lock became free), not for a turn.
+    fn wakes_group(&self) -> bool {
+        false
     }
 
     /// The output for a guard passed to this waiter by a releaser of its client. `None`
@@ -315,6 +322,9 @@ pub(crate) fn wait_for<A: Attempts>(
                         Ok(Try::Got(output)) => {
                             if woken {
                                 tracing::debug!(lock = %waiter.attempts.name(), waited = ?waiter.start.elapsed(), "acquired after wake-up");
+                            }
+                            if waiter.attempts.wakes_group() {
+                                subscription.wake_group();
                             }
                             waiter.disarm();
                             break 'wait Ok(Some(output));

@@ -301,6 +301,11 @@ impl Subscription {
         self.unused.used();
     }
 
+    /// Wakes every waiter of this waiter's group, parked or about to park.
+    pub(crate) fn wake_group(&self) {
+        self.group.wakes.wake_all();
+    }
+
     /// Hands the wake-up this waiter holds, if any, to the next waiter: it will not use it.
     pub(crate) fn pass_on(&self) {
         if self.unused.pass_on(&self.group.wakes, self.channel.wake) {
