@@ -67,6 +67,7 @@ async fn run(cli: Cli) -> Outcome {
         Command::Exec(args) => exec::run(&url, args).await,
         Command::Status(args) => inspect::status(&url, args).await.into(),
         Command::Unlock(args) => inspect::unlock(&url, args).await.into(),
+        Command::Permits(args) => inspect::permits(&url, args).await.into(),
         Command::Demo(args) => demo::run(cli.url, args).await.into(),
         Command::DemoWorker(args) => worker::run(&url, args).await.into(),
     }
