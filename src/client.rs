@@ -377,6 +377,15 @@ impl Client {
     /// `use redbaton::fred::interfaces::KeysInterface;`, and a fred error converts into
     /// [`Error`] with `?`.
     ///
+    /// ```no_run
+    /// # async fn run(client: redbaton::Client) -> redbaton::Result<()> {
+    /// use redbaton::fred::interfaces::ClientLike;
+    /// use redbaton::fred::types::{ClusterHash, CustomCommand, Value};
+    /// let blpop = CustomCommand::new_static("BLPOP", ClusterHash::FirstKey, true);
+    /// let job: Value = client.redis().custom(blpop, vec!["jobs", "7"]).await?; // nil after 7 s
+    /// # let _ = job; Ok(()) }
+    /// ```
+    ///
     /// It is built from this client's settings — the URL (server, credentials, database,
     /// topology), TLS, connect timeout, reconnection — but has **no command timeout**: a
     /// `BLPOP` of 7 s lasts 7 s and returns nil, as from any fred client. Bound a call
