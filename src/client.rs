@@ -7,15 +7,15 @@ use fred::interfaces::ClientLike;
 use fred::prelude::{Builder as FredBuilder, Config as FredConfig, ReconnectPolicy};
 use fred::types::config::TcpConfig;
 
-use crate::acquire::{bounded, CALL_BOUND};
 use crate::config::{redact_url, Builder, Config};
 use crate::conn::{Composite, Conn};
-use crate::holds::{Holds, Loss};
-use crate::hub::Hub;
+use crate::engine::call::{bounded, CALL_BOUND};
+use crate::engine::client_inner::{ClientInner, UserRedis};
+use crate::engine::holds::{Holds, Loss};
+use crate::engine::hub::Hub;
+use crate::engine::watchdog::Watchdog;
 use crate::kinds;
 use crate::metrics::ClientMetrics;
-use crate::shared::{ClientInner, UserRedis};
-use crate::watchdog::Watchdog;
 use crate::{Error, Lock, Result};
 
 /// A connection to Redis that hands out every kind: [`Lock`](Client::lock),
@@ -116,7 +116,7 @@ fn fred_builder(config: &Config) -> Result<FredBuilder> {
             c.connection_timeout = connect_timeout;
             c.internal_command_timeout = command_timeout;
             // Never re-send a command whose reply was lost: a lock or unlock script must not
-            // run twice (DESIGN.md invariant 11).
+            // run twice (invariant 11, docs/DESIGN.md).
             c.max_command_attempts = 1;
             // A redirect comes back as an error to re-send (fred 10.1 would otherwise end its
             // router on an ASK, and re-send a MOVED command as a second write).
@@ -127,7 +127,7 @@ fn fred_builder(config: &Config) -> Result<FredBuilder> {
             };
         })
         .with_performance_config(|p| {
-            // fred's default is no timeout at all (invariant 12).
+            // fred's default is no timeout at all (invariant 12, docs/DESIGN.md).
             p.default_command_timeout = command_timeout;
             // fred's default of 32 lags (and drops messages) under bursts of unlocks.
             p.broadcast_channel_capacity = 4096;
@@ -302,7 +302,7 @@ impl Client {
             watchdog,
             config,
             passes_refused: Default::default(),
-            owners: crate::scope::OwnerNumbers::new(),
+            owners: crate::engine::scope::OwnerNumbers::new(),
             outstanding_permits: Default::default(),
             user: UserRedis::new(user),
         });

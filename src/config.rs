@@ -396,6 +396,16 @@ impl Builder {
 
     /// Trust only the CA certificate(s) in this PEM file for `rediss://` (see
     /// [`Config::tls_ca_file`]).
+    ///
+    /// ```no_run
+    /// # async fn run() -> redbaton::Result<()> {
+    /// let client = redbaton::Client::builder()
+    ///     .url("rediss://redis.internal:6380")
+    ///     .tls_ca_file("/etc/redis/ca.crt")
+    ///     .connect()
+    ///     .await?;
+    /// # client.shutdown().await }
+    /// ```
     #[cfg(feature = "tls")]
     #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
     pub fn tls_ca_file(mut self, path: impl Into<std::path::PathBuf>) -> Self {

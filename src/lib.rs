@@ -95,34 +95,12 @@
 //! | `RedissonMultiLock` | [`MultiLock`] ([`MultiLock::new`]) |
 //! | `RedissonRedLock` | [`RedLock`] ([`RedLock::new`]) |
 //!
-//! | Redisson method (lock kinds) | redbaton |
-//! | --- | --- |
-//! | `lock()`, `lockInterruptibly()` | `lock()` → guard (to interrupt, drop the future) |
-//! | `lock(lease, unit)` | `lock_with_lease(lease)` |
-//! | `tryLock()` | `try_lock()` → `Option<guard>` |
-//! | `tryLock(wait, unit)` | `try_lock_for(wait)` |
-//! | `tryLock(wait, lease, unit)` | `try_lock_with_lease(wait, lease)` |
-//! | `unlock()` | `guard.unlock()`, or drop the guard |
-//! | `forceUnlock()` | `force_unlock()` |
-//! | `isLocked()` | `is_locked()` |
-//! | `isHeldByCurrentThread()` | `is_held_in_scope()` |
-//! | `getHoldCount()` | `hold_count()` |
-//! | `remainTimeToLive()` | `remaining_ttl()` |
-//! | `getName()` | `name()` |
-//! | `RFencedLock`: `lockAndGetToken()`, `getToken()` | `lock()` then the guard's `token()`; [`FencedLock::token`] |
-//! | `RSemaphore`: `acquire()`, `acquire(n)`, `tryAcquire()`, `tryAcquire(n)`, `tryAcquire(n, wait, unit)`, `release(n)` | `acquire()`, `acquire_many(n)`, `try_acquire()`, `try_acquire_many(n)`, `try_acquire_many_for(n, wait)` → [`SemaphorePermit`] (its `forget()` keeps the permits taken, as Redisson does), `release(n)` |
-//! | `RSemaphore`: `trySetPermits`, `addPermits`, `availablePermits`, `drainPermits` | `try_set_permits`, `add_permits`, `available_permits`, `drain_permits`; `set_permits` (a new total, on a live semaphore too) |
-//! | `RPermitExpirableSemaphore`: `acquire()`, `acquire(lease, unit)` | `acquire()`, `acquire_with_lease(lease)` → [`LeasedPermit`] |
-//! | `RPermitExpirableSemaphore`: `acquire(n)`, `tryAcquire(n)`, `tryAcquire(n, wait, lease, unit)` | `acquire_many(n)`, `try_acquire_many(n)`, `try_acquire_many_with_lease(n, wait, lease)` → one [`LeasedPermit`] |
-//! | `RPermitExpirableSemaphore`: `tryAcquire()`, `tryAcquire(wait, unit)`, `tryAcquire(wait, lease, unit)` | `try_acquire()`, `try_acquire_for(wait)`, `try_acquire_with_lease(wait, lease)` |
-//! | `RPermitExpirableSemaphore`: `release(id)`, `tryRelease(id)`, `updateLeaseTime(id, lease, unit)` | `permit.release()`, `release_id(&id)`, `update_lease_time(&id, lease)` |
-//! | `RPermitExpirableSemaphore`: `availablePermits`, `acquiredPermits`, `trySetPermits`, `setPermits`, `addPermits` | `available_permits`, `acquired_permits`, `try_set_permits`, `set_permits`, `add_permits` |
-//!
 //! Differences a porter meets: the owner is a hold's scope, not a thread (above); Redisson's
 //! `Config.lockWatchdogTimeout` is [`Config::watchdog_lease`] and `fairLockWaitTimeout` is
 //! [`Config::fair_lock_wait`]; every wait is bounded by the holder's lease, so a lost message
-//! never hangs a waiter. Every method of those interfaces, with its name here or why it is not
-//! offered, is in the repository's `docs/REDISSON-MAP.md`.
+//! never hangs a waiter. Every method of Redisson's lock and semaphore interfaces, with its
+//! name here or why it is not offered, is in the repository's `docs/REDISSON-MAP.md`; what
+//! each kind keeps in Redis, and where our scripts differ from Redisson's, in `docs/WIRE.md`.
 //!
 //! ## Topologies
 //!
@@ -158,7 +136,8 @@
 //!   another type gives [`Error::WrongType`] and is never modified.
 //! - Not covered: a failover that promotes a replica which never received the hold, a holder
 //!   that pauses past its lease (use a [`FencedLock`] and let the store check tokens), clocks
-//!   that jump on the server. The README's failure table has every case.
+//!   that jump on the server. The repository's `docs/FAILURES.md` has every case, per
+//!   deployment, and the ACLs a Redis user needs.
 //!
 //! ## How soon a loss is felt
 //!
@@ -224,51 +203,43 @@
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-mod acquire;
-mod baton;
-mod baton_state;
+// The layers, top down: the facade (`client`) and the kinds; the engine every kind shares;
+// the connection; and the floor (settings, errors, owners, metrics). Imports run downwards
+// only (`scripts/module-graph.py` checks it).
 mod client;
-mod config;
-mod conn;
-mod error;
-mod holds;
-mod hub;
-mod kind;
 mod kinds;
+
+mod engine;
+
+mod conn;
+
+mod config;
+mod error;
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub mod metrics;
 #[cfg(not(feature = "metrics"))]
 mod metrics;
-#[cfg(test)]
-mod model;
-mod multilock;
 mod owner;
-mod redlock;
-mod scope;
-mod shared;
-mod turn_state;
-mod wake_state;
-mod watchdog;
 
 /// The Redis client crate redbaton is built on, fred 10: [`Client::redis`] returns its client,
 /// for commands redbaton does not wrap. Use this path rather than a `fred` dependency of your
 /// own, so the versions always match.
 pub use fred;
 
-pub use acquire::guard::Guard;
 pub use client::Client;
 pub use config::{
     Builder, Config, PubSubMode, ReplicaSync, AUTO_REPLICA_TIMEOUT, DEFAULT_BATON_PASSES,
     DEFAULT_FAIR_LOCK_WAIT, DEFAULT_LEASE_CHECK_INTERVAL, DEFAULT_WATCHDOG_LEASE, MAX_LEASE,
     MIN_LEASE, MIN_WATCHDOG_LEASE,
 };
+pub use engine::guard::Guard;
+pub use engine::kind::{Kind, MAX_NAME_LEN};
 pub use error::{Error, Result};
-pub use kind::{Kind, MAX_NAME_LEN};
-pub use kinds::fair::{FairGuard, FairLock};
-pub use kinds::fenced::{FencedGuard, FencedLock};
+pub use kinds::fair_lock::{FairGuard, FairLock};
+pub use kinds::fenced_lock::{FencedGuard, FencedLock};
 pub use kinds::leased_semaphore::{LeasedPermit, LeasedSemaphore, PermitId, MAX_PERMITS_AT_ONCE};
-pub use kinds::reentrant::Lock;
+pub use kinds::lock::Lock;
 pub use kinds::rwlock::{ReadGuard, ReadLock, ReadWriteLock, WriteGuard, WriteLock};
 pub use kinds::semaphore::{
     Semaphore, SemaphorePermit, DEFAULT_RECHECK_INTERVAL, MAX_PERMITS, MAX_RECHECK_INTERVAL,
@@ -276,10 +247,10 @@ pub use kinds::semaphore::{
 
 /// A hold of a [`Lock`].
 pub type LockGuard = Guard<Lock>;
+pub use kinds::multilock::{Exclusive, MultiLock, MultiLockGuard, RedLockGuard};
+pub use kinds::redlock::RedLock;
 pub use kinds::state::{Holder, LockState, ReadWriteMode};
-pub use multilock::{Exclusive, MultiLock, MultiLockGuard, RedLockGuard};
 pub use owner::Owner;
-pub use redlock::RedLock;
 
 /// The README's examples, compiled as doc tests.
 #[cfg(doctest)]

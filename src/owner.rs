@@ -2,7 +2,7 @@
 //!
 //! Redisson names an owner `<client uuid>:<thread id>`, and a Java thread is a sequential
 //! execution. In async Rust the sequential context is a hold's scope, not a tokio task (see
-//! [`crate::scope`]): every acquisition outside a scope takes a new number from its client,
+//! [`crate::engine::scope`]): every acquisition outside a scope takes a new number from its client,
 //! and one inside re-enters the enclosing hold. The hash field keeps Redisson's form,
 //! `<client uuid>:<number>`, so Redisson peers see no difference. Work that deliberately
 //! moves a hold between tasks or processes names its owner explicitly with

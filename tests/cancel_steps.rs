@@ -1,5 +1,5 @@
-//! Cancellation at every await, not sampled (invariant 9): for every kind, `lock()` (or
-//! `acquire`), the wait, the wake-up and the release are driven one poll at a time by the
+//! Cancellation at every await, not sampled (invariant 9, docs/DESIGN.md): for every kind, `lock()`
+//! (or `acquire`), the wait, the wake-up and the release are driven one poll at a time by the
 //! test, as tokio's own sync tests do, and dropped after 1, 2, 3, ... polls until the call
 //! completes on its own. Between two polls the test waits (bounded) for the future's waker:
 //! so a drop after poll `n` lands after the round trip that poll started has come back — a

@@ -1,6 +1,6 @@
 //! The local hand-off (lock cohorting): a release of a lock's last hold hands the hold to a
 //! parked task of the same client in memory — same field, same lease, no round trip — and
-//! never lets such a hold outlive the client's hold in Redis (invariant 16).
+//! never lets such a hold outlive the client's hold in Redis (invariant 16, docs/DESIGN.md).
 
 mod support;
 
@@ -54,7 +54,7 @@ async fn a_release_hands_the_hold_to_a_parked_task_in_memory_under_the_same_fiel
     let lock = client.lock("cohort:one");
     let held = lock.lock().await.unwrap();
     // Read from Redis, not from the guard: an owner read from a guard is given out, and its
-    // hold is then never handed on in memory (invariant 16).
+    // hold is then never handed on in memory (invariant 16, docs/DESIGN.md).
     let owner = only_field(&raw, "cohort:one").await;
     let next = waiter(&lock);
     parked(&lock, 1).await;
@@ -337,9 +337,9 @@ async fn a_waiter_of_another_client_learnt_in_the_background_ends_the_run() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_of_another_client_is_served_within_a_bound_on_a_hot_key() {
-    // Invariant 16: sixteen tasks of one client hand a hot lock around (5 ms holds, runs of
-    // up to 1000 hand-offs: only the count of subscribers or a run's time bound ends one);
-    // another client's waiter must get in within about a run's bound (50 ms) every time, not
+    // Invariant 16 (docs/DESIGN.md): sixteen tasks of one client hand a hot lock around (5 ms
+    // holds, runs of up to 1000 hand-offs: only the count of subscribers or a run's time bound ends
+    // one); another client's waiter must get in within about a run's bound (50 ms) every time, not
     // lose every race to the local tasks once the run ends.
     const TASKS: usize = 16;
     const ROUNDS: usize = 20;
@@ -523,7 +523,8 @@ async fn a_hot_key_of_sixteen_tasks_excludes_by_history() {
 }
 
 /// The one owner field of an exclusive lock's hash, read from Redis: reading a guard's owner
-/// would give it out, and its hold would then never be handed on in memory (invariant 16).
+/// would give it out, and its hold would then never be handed on in memory (invariant 16,
+/// docs/DESIGN.md).
 async fn only_field(redis: &fred::clients::Client, key: &str) -> String {
     let fields: Vec<String> = redis.hkeys(key).await.unwrap();
     assert_eq!(fields.len(), 1, "one holder: {fields:?}");
@@ -546,9 +547,9 @@ async fn poll_once<F: std::future::Future + Unpin>(future: &mut F) {
 #[tokio::test]
 #[allow(clippy::async_yields_async)] // the future carried out of the scope is the point
 async fn a_future_first_polled_in_a_scope_and_carried_out_does_not_reenter_the_hold_handed_on() {
-    // Invariant 16: once a hold is handed on, no identity of its previous holder re-enters
-    // it — here a scope frame. The future is first polled inside `a`'s hold's scope and then
-    // polled outside it, after `a` was handed on in memory to another task.
+    // Invariant 16 (docs/DESIGN.md): once a hold is handed on, no identity of its previous holder
+    // re-enters it — here a scope frame. The future is first polled inside `a`'s hold's scope and
+    // then polled outside it, after `a` was handed on in memory to another task.
     let server = RedisServer::start();
     let raw = server.raw().await;
     let client = client(&server, 8).await;
@@ -637,8 +638,8 @@ async fn a_future_moved_between_scopes_sees_the_scope_it_is_polled_in() {
 
 #[tokio::test]
 async fn the_owner_of_a_released_hold_does_not_reenter_the_next_holders_hold() {
-    // Invariant 16 for an owner handed out: `with_owner(owner)` after that owner's guard was
-    // released must never re-enter the hold the release handed on.
+    // Invariant 16 (docs/DESIGN.md) for an owner handed out: `with_owner(owner)` after that owner's
+    // guard was released must never re-enter the hold the release handed on.
     let server = RedisServer::start();
     let raw = server.raw().await;
     let client = client(&server, 8).await;
@@ -664,10 +665,10 @@ async fn the_owner_of_a_released_hold_does_not_reenter_the_next_holders_hold() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_force_unlock_by_another_client_ends_a_run_of_hand_offs_at_once() {
-    // Invariant 16: a force-unlock publishes on the lock's channel, which this client listens
-    // to while its tasks wait; it must end the run of hand-offs then — not when the run's
-    // time bound or the next renewal comes — so no task of this client enters a section beside
-    // the other client's holder, and the holder of the moment is told it lost the lock.
+    // Invariant 16 (docs/DESIGN.md): a force-unlock publishes on the lock's channel, which this
+    // client listens to while its tasks wait; it must end the run of hand-offs then — not when the
+    // run's time bound or the next renewal comes — so no task of this client enters a section
+    // beside the other client's holder, and the holder of the moment is told it lost the lock.
     const TASKS: usize = 4;
     let server = RedisServer::start();
     let client = client(&server, 1000).await;

@@ -467,7 +467,7 @@ async fn sync_on_a_hold_handed_on_in_memory_never_outlives_the_replicated_hold()
     let held = lock.lock().await.unwrap();
     let acquired = tokio::time::Instant::now();
     // Read from Redis: an owner read from the guard is given out, and its hold is then never
-    // handed on in memory (invariant 16).
+    // handed on in memory (invariant 16, docs/DESIGN.md).
     let fields: Vec<String> = setup.master.raw().await.hkeys("cohort").await.unwrap();
     let owner = fields.concat();
     let next = {

@@ -1,5 +1,5 @@
 //! The lock family's conformance suite (tests/support/family/): every invariant of
-//! DESIGN.md that all lock kinds share, one test each, run against every kind. What is
+//! docs/DESIGN.md that all lock kinds share, one test each, run against every kind. What is
 //! special to a kind is tested in its own file (tests/lock/, tests/fenced.rs, ...).
 //!
 //! Adding a kind: describe it in the catalog at the end of tests/support/family/mod.rs, then

@@ -470,13 +470,13 @@ async fn a_stale_holder_is_fenced_off_by_its_token() {
     b.shutdown().await.unwrap();
 }
 
-/// The README's "Fenced lock" ACL: the lock user's rules plus `~redisson_lock_token:*`,
-/// `+incr` (the acquire script) and `+get` (`FencedLock::token()`); each of the three is
-/// needed.
+/// The fenced lock's ACL (docs/FAILURES.md, "ACLs"): the lock user's rules plus
+/// `~redisson_lock_token:*`, `+incr` (the acquire script) and `+get` (`FencedLock::token()`); each
+/// of the three is needed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fenced_lock_user_needs_the_token_key_incr_and_get() {
     const FENCED_ACL: &[&str] = &[
-        // The lock user's rules (README, "Security").
+        // The lock user's rules (docs/FAILURES.md, "ACLs").
         "on",
         ">lock-pw",
         "~locks:*",

@@ -1,5 +1,5 @@
-//! Paths the design promises that other tests only pass through by chance, forced here one
-//! at a time: the default command timeout (invariant 12), a lone server paying no `WAIT`
+//! Paths the design promises (docs/DESIGN.md) that other tests only pass through by chance, forced
+//! here one at a time: the default command timeout (invariant 12), a lone server paying no `WAIT`
 //! (invariant 13), a woken waiter that gives up passing its wake-up on (invariant 4), and
 //! the skipped re-check of a waiter whose channel was already confirmed (invariant 2).
 

@@ -466,7 +466,7 @@ async fn a_caller_leaving_while_queued_still_has_its_script_run_and_released() {
 
 /// Futures of one task trying one name at once, through one client: their scripts travel in
 /// one group (behind an unrelated try in flight), and still exactly one of them holds the
-/// lock — sharing a task or a group makes nobody a co-owner (invariants 14, 15).
+/// lock — sharing a task or a group makes nobody a co-owner (invariants 14, 15, docs/DESIGN.md).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn futures_of_one_task_in_one_group_exclude_each_other() {
     let server = RedisServer::start();
@@ -502,7 +502,7 @@ async fn futures_of_one_task_in_one_group_exclude_each_other() {
 /// On a cluster, the scripts of different slots of one primary share its one connection, and
 /// a `WAIT` blocks that connection on the server until it returns: a stopped replica must
 /// still cost each acquire its own acknowledgement timeout, not the sum of the `WAIT`s of the
-/// slots queued before it (invariant 15).
+/// slots queued before it (invariant 15, docs/DESIGN.md).
 ///
 /// With groups per slot, each slot's script and `WAIT` queued behind the others' on the
 /// primary's connection: one slot was refused in ~1 s, two in 2.04 s, five all ended at the
@@ -546,9 +546,9 @@ async fn on_a_cluster_a_stopped_replica_costs_each_acquire_its_own_timeout() {
     let _ = tokio::time::timeout(Duration::from_secs(10), client.shutdown()).await;
 }
 
-/// A group spanning a failover (invariant 15): acquires on several slots of one primary are
-/// in flight — the first sent, the others queued behind it as the next group — when that
-/// primary dies and its replica takes over. Every caller ends, within a bound, with a guard or
+/// A group spanning a failover (invariant 15, docs/DESIGN.md): acquires on several slots of one
+/// primary are in flight — the first sent, the others queued behind it as the next group — when
+/// that primary dies and its replica takes over. Every caller ends, within a bound, with a guard or
 /// a typed error — a guard for all but the one whose script the dead primary took, as for
 /// scripts sent alone; each guard returned is held in Redis (on the promoted replica), and
 /// once they are released nothing is left held.

@@ -1,4 +1,4 @@
-//! Ownership by a hold's scope (DESIGN.md invariant 14): what the family suite's
+//! Ownership by a hold's scope (invariant 14, docs/DESIGN.md): what the family suite's
 //! `one_holder_per_scope` and `reentry` do not cover — the warning for an un-scoped nested
 //! acquire, a try that cannot deadlock, fair waiters joined in one task, multi-locks.
 

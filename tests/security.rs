@@ -1,5 +1,5 @@
 //! Security: ACL users and passwords, and a user restricted to exactly the ACL a lock user
-//! needs (the one README.md documents). TLS is in `tests/tls.rs`.
+//! needs (the one docs/FAILURES.md documents). TLS is in `tests/tls.rs`.
 
 mod support;
 
@@ -51,8 +51,8 @@ async fn acl_user_with_password_and_wrong_credentials() {
     assert!(matches!(err, Error::Auth(_)), "{err:?}");
 }
 
-/// The ACL of a lock user, as documented in README.md ("Redis ACL for a lock user"), with
-/// the key pattern `locks:*` (the clients use the key prefix `locks:`).
+/// The ACL of a lock user, as documented in docs/FAILURES.md ("ACLs: what a Redis user needs"),
+/// with the key pattern `locks:*` (the clients use the key prefix `locks:`).
 const LOCK_USER_ACL: &[&str] = &[
     "on",
     ">lock-pw",

@@ -8,9 +8,9 @@
 //! read-sleep-write counter per name is exact, and that every worker finished.
 //!
 //! A second run adds what breaks a hold on purpose, and the identities a hold handed on in
-//! memory must not let back in (invariant 16): an operator client force-unlocks names at
-//! random and then holds them itself (a section of its own, beside which no worker may enter),
-//! and workers carry a future first polled inside a hold's scope out of it, and re-try a
+//! memory must not let back in (invariant 16, docs/DESIGN.md): an operator client force-unlocks
+//! names at random and then holds them itself (a section of its own, beside which no worker may
+//! enter), and workers carry a future first polled inside a hold's scope out of it, and re-try a
 //! released hold's owner with `with_owner` — each of which may only ever get a hold of its own.
 
 mod support;
@@ -80,7 +80,8 @@ impl Log {
 }
 
 /// The owner field of `guard`'s hold, read from its `Debug` form: reading `owner()` would give
-/// the owner out, and the hold would never be handed on in memory (invariant 16).
+/// the owner out, and the hold would never be handed on in memory (invariant 16,
+/// docs/DESIGN.md).
 fn field_of(guard: &LockGuard) -> String {
     let shown = format!("{guard:?}");
     let field = shown
@@ -350,9 +351,9 @@ const RUN_AFTER_FORCE: Duration = Duration::from_millis(100);
 /// holder is what a force-unlock is for: the section running across the force (or whose
 /// holder was told, or found its hold gone at its unlock, after it), and the holds its client
 /// handed on in memory under the same owner field before the unlock message reached it (a run
-/// of hand-offs ends when the message comes, invariant 16). Every other section must exclude
-/// the others as usual. Returns how many sections were struck, and the latest one of a run
-/// handed on after a force began, after that force's reply.
+/// of hand-offs ends when the message comes, invariant 16 of docs/DESIGN.md). Every other section
+/// must exclude the others as usual. Returns how many sections were struck, and the latest one of a
+/// run handed on after a force began, after that force's reply.
 fn struck_by(sections: &mut [Section], fields: &[String], forced: &[Forced]) -> (usize, Duration) {
     // When each section was struck, if it was: the earliest force that struck it.
     let mut struck: Vec<Option<Duration>> = vec![None; sections.len()];
@@ -443,7 +444,7 @@ fn the_checker_rejects_bad_histories() {
     ];
     assert_eq!(check(&stale), Ok(2));
     // Told late: the first holder's lease ended, another entered at 20, the first was told
-    // only at 25 — invariant 8's failure, whichever of the two was told.
+    // only at 25 — invariant 8's failure (docs/DESIGN.md), whichever of the two was told.
     assert!(check(&[told(0, 30, 1, Some(25)), section(20, 40, 2)]).is_err());
     assert!(check(&[section(0, 30, 1), told(20, 40, 2, Some(25))]).is_err());
     assert!(check(&[told(0, 30, 1, Some(25)), told(20, 40, 2, Some(22))]).is_err());
@@ -561,7 +562,7 @@ async fn torture(breaking: bool) {
             worker(client.clone(), log.clone(), task_seed, breaking)
         };
         // Two workers joined in each task: futures sharing a task contend as separate tasks
-        // do (invariant 14), and must exclude each other just the same.
+        // do (invariant 14, docs/DESIGN.md), and must exclude each other just the same.
         for t in (0..TASKS_PER_CLIENT).step_by(2) {
             let pair = (worker_at(t), worker_at(t + 1));
             tasks.push(tokio::spawn(async move {

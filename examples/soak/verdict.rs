@@ -119,7 +119,7 @@ pub(crate) async fn check(
         (
             "phantom hold count",
             "fresh acquisitions found their owner already counted in Redis: a hold nobody \
-             knows about (invariants 6, 11; see worker logs)",
+             knows about (invariants 6, 11 of docs/DESIGN.md; see worker logs)",
         ),
         (
             "stray holds",

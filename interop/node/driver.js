@@ -25,7 +25,7 @@
 // incremented), appends `N` to the list `<prefix>:order` and performs a read-modify-write
 // increment of `<prefix>:count`; then it prints `done <N>`.
 //
-// node-redisson 1.0.4 differs from Redisson (redisson/redisson, see shared/REDISSON.md) in
+// node-redisson 1.0.4 differs from Redisson (redisson/redisson, see docs/WIRE.md) in
 // these ways; the driver works around each so the suite tests what Redisson does:
 //
 // 1. prefixName: Redisson keeps a name containing `{` anywhere as it is

@@ -7,13 +7,13 @@ use std::time::Duration;
 use fred::types::Value;
 
 use crate::conn::{lua_script, Call, Conn, LuaScript};
-use crate::holds::{HoldOps, Lease, Renewal};
-use crate::hub::Wake;
+use crate::engine::client_inner::ClientInner;
+use crate::engine::holds::{HoldOps, Lease, Renewal};
+use crate::engine::hub::Wake;
 use crate::kinds::semaphore::{
     add_permits, check_count, check_recheck, set_permits, CHANNEL_PREFIX, DEFAULT_RECHECK_INTERVAL,
 };
 use crate::kinds::{lease_millis, prefix_name, suffix_name, Kind, Named, Reply, Sealed};
-use crate::shared::ClientInner;
 use crate::Guard;
 use crate::{Error, Result};
 
@@ -413,7 +413,7 @@ impl LeasedSemaphore {
     }
 
     async fn take(&self, wait: Option<Duration>, lease: Lease) -> Result<Option<LeasedPermit>> {
-        let guard = crate::acquire::acquire(self, wait, lease).await?;
+        let guard = crate::engine::acquire::acquire(self, wait, lease).await?;
         Ok(guard.map(|guard| LeasedPermit { guard }))
     }
 
@@ -427,7 +427,7 @@ impl LeasedSemaphore {
         named.check()?;
         let conn = &named.client.conn;
         let call = self.inner.release(conn, &id.to_string(), 1, 0);
-        let reply = crate::acquire::bounded(call, conn)
+        let reply = crate::engine::call::bounded(call, conn)
             .await
             .map_err(|failed| failed.to_error(conn, named.name()))?;
         Ok(reply.as_i64() == Some(0))

@@ -1,9 +1,9 @@
 //! The family: every kind — the locks and the two semaphores — is one file here, beside
 //! [`LockState`](state::LockState), a lock's inspection. A kind supplies only what differs
 //! between kinds — through [`Kind`]: its acquire script and how to read the reply, its release
-//! and renewal ([`HoldOps`](crate::holds::HoldOps)), the channel its waiters listen on, and
+//! and renewal ([`HoldOps`](crate::engine::holds::HoldOps)), the channel its waiters listen on, and
 //! what a waiter does when it gives up.
-//! The wait loop ([`crate::acquire`]), the guard ([`crate::Guard`]), the hub, the holds
+//! The wait loop ([`crate::engine::acquire`]), the guard ([`crate::Guard`]), the hub, the holds
 //! registry and the watchdog are shared by all of them.
 
 use std::time::Duration;
@@ -14,12 +14,16 @@ use crate::config::{MAX_LEASE, MIN_LEASE};
 use crate::conn::LuaScript;
 use crate::{Error, Result};
 // The kinds take the engine's vocabulary from here with the rest of what they share.
-pub(crate) use crate::kind::{prefix_name, sealed::Sealed, suffix_name, Kind, Named, Reply};
+pub(crate) use crate::engine::kind::{
+    prefix_name, sealed::Sealed, suffix_name, Kind, Named, Reply,
+};
 
-pub(crate) mod fair;
-pub(crate) mod fenced;
+pub(crate) mod fair_lock;
+pub(crate) mod fenced_lock;
 pub(crate) mod leased_semaphore;
-pub(crate) mod reentrant;
+pub(crate) mod lock;
+pub(crate) mod multilock;
+pub(crate) mod redlock;
 pub(crate) mod rwlock;
 pub(crate) mod semaphore;
 pub(crate) mod state;
@@ -28,9 +32,9 @@ pub(crate) mod state;
 /// them need not know which kind has which.
 pub(crate) fn scripts() -> Vec<&'static LuaScript> {
     [
-        reentrant::SCRIPTS,
-        fenced::SCRIPTS,
-        fair::SCRIPTS,
+        lock::SCRIPTS,
+        fenced_lock::SCRIPTS,
+        fair_lock::SCRIPTS,
         rwlock::SCRIPTS,
         state::SCRIPTS,
         semaphore::SCRIPTS,
@@ -110,7 +114,7 @@ macro_rules! acquire_methods {
         #[must_use = "the guard holds the lock: dropping it at once releases the lock again"]
         pub async fn lock(&self) -> $crate::Result<$crate::Guard<$kind>> {
             let guard =
-                $crate::acquire::acquire(self, None, $crate::holds::Lease::Watchdog).await?;
+                $crate::engine::acquire::acquire(self, None, $crate::engine::holds::Lease::Watchdog).await?;
             Ok(guard.expect("waiting without a deadline ends only in a guard or an error"))
         }
 
@@ -127,8 +131,8 @@ macro_rules! acquire_methods {
             &self,
             lease: std::time::Duration,
         ) -> $crate::Result<$crate::Guard<$kind>> {
-            let lease = $crate::holds::Lease::Fixed($crate::kinds::lease_millis(lease)?);
-            let guard = $crate::acquire::acquire(self, None, lease).await?;
+            let lease = $crate::engine::holds::Lease::Fixed($crate::kinds::lease_millis(lease)?);
+            let guard = $crate::engine::acquire::acquire(self, None, lease).await?;
             Ok(guard.expect("waiting without a deadline ends only in a guard or an error"))
         }
 
@@ -140,10 +144,10 @@ macro_rules! acquire_methods {
         /// flight): a hold a dropped call took is released at once in the background.
         #[must_use = "the guard holds the lock: dropping it at once releases the lock again"]
         pub async fn try_lock(&self) -> $crate::Result<Option<$crate::Guard<$kind>>> {
-            $crate::acquire::acquire(
+            $crate::engine::acquire::acquire(
                 self,
                 Some(std::time::Duration::ZERO),
-                $crate::holds::Lease::Watchdog,
+                $crate::engine::holds::Lease::Watchdog,
             )
             .await
         }
@@ -160,7 +164,7 @@ macro_rules! acquire_methods {
             &self,
             wait: std::time::Duration,
         ) -> $crate::Result<Option<$crate::Guard<$kind>>> {
-            $crate::acquire::acquire(self, Some(wait), $crate::holds::Lease::Watchdog).await
+            $crate::engine::acquire::acquire(self, Some(wait), $crate::engine::holds::Lease::Watchdog).await
         }
 
         /// Waits up to `wait` for the lock, taken for a fixed `lease` (never renewed).
@@ -175,8 +179,8 @@ macro_rules! acquire_methods {
             wait: std::time::Duration,
             lease: std::time::Duration,
         ) -> $crate::Result<Option<$crate::Guard<$kind>>> {
-            let lease = $crate::holds::Lease::Fixed($crate::kinds::lease_millis(lease)?);
-            $crate::acquire::acquire(self, Some(wait), lease).await
+            let lease = $crate::engine::holds::Lease::Fixed($crate::kinds::lease_millis(lease)?);
+            $crate::engine::acquire::acquire(self, Some(wait), lease).await
         }
 
         /// Acquires the lock as [`lock`](Self::lock) does, runs the future `f` makes while

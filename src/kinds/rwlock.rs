@@ -27,12 +27,12 @@ use std::sync::Arc;
 use fred::types::Value;
 
 use crate::conn::{lua_script, Call, Conn, LuaScript};
-use crate::holds::{HoldOps, Renewal};
-use crate::hub::Wake;
-use crate::kinds::reentrant::RENEW;
+use crate::engine::client_inner::ClientInner;
+use crate::engine::holds::{HoldOps, Renewal};
+use crate::engine::hub::Wake;
+use crate::kinds::lock::RENEW;
 use crate::kinds::{acquire_methods, decode_counted, Kind, Named, Reply, Sealed};
 use crate::owner::Owner;
-use crate::shared::ClientInner;
 use crate::{Error, Guard, Result};
 
 lua_script!(READ_ACQUIRE, "rwlock/read_acquire.lua");
@@ -143,6 +143,12 @@ pub(crate) const WRITE_SUFFIX: &str = ":write";
 /// write.unlock().await?; // ...and keeps reading: downgraded
 /// assert!(rw.read().is_locked().await?);
 /// read.unlock().await?;
+///
+/// let reading = rw.read().lock().await?;
+/// // A reader cannot upgrade: this fails at once instead of waiting for ever on itself.
+/// let upgrade = reading.run(|| async { rw.write().lock().await.map(drop) }).await?;
+/// assert!(matches!(upgrade, Err(redbaton::Error::WouldDeadlock { .. })));
+/// reading.unlock().await?;
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]
@@ -284,7 +290,7 @@ impl ReadWriteLock {
     ///
     /// Nothing is taken; dropping the future leaves no subscription behind.
     pub async fn wait_until_free(&self) -> Result<()> {
-        crate::acquire::free::until_free(&self.read(), None)
+        crate::engine::free::until_free(&self.read(), None)
             .await
             .map(drop)
     }
@@ -292,7 +298,7 @@ impl ReadWriteLock {
     /// [`wait_until_free`](Self::wait_until_free), for at most `wait`: `true` once the lock
     /// is free, `false` when the wait ran out first.
     pub async fn wait_until_free_for(&self, wait: std::time::Duration) -> Result<bool> {
-        crate::acquire::free::until_free(&self.read(), Some(wait)).await
+        crate::engine::free::until_free(&self.read(), Some(wait)).await
     }
 
     /// The read half: shared holds, excluded by a writer.

@@ -7,11 +7,13 @@ use std::time::Duration;
 
 use fred::types::Value;
 
-use crate::acquire::{bounded, traced, wait_for, Attempts, Finish, Try};
 use crate::conn::{lua_script, Failed, LuaScript};
-use crate::hub::Wake;
+use crate::engine::acquire::traced;
+use crate::engine::call::{bounded, Finish};
+use crate::engine::client_inner::ClientInner;
+use crate::engine::hub::Wake;
+use crate::engine::wait::{wait_for, Attempts, Try};
 use crate::kinds::{prefix_name, suffix_name, Named};
-use crate::shared::ClientInner;
 use crate::{Error, Result};
 
 lua_script!(ACQUIRE, "semaphore/acquire.lua");

@@ -167,7 +167,8 @@ async fn graceful_failover_sharded_keeps_exclusion_and_progress() {
 async fn failover_by_killed_primary_waiters_recover() {
     let c = contend_through_failover(PubSubMode::Sharded, true).await;
     assert!(c.acquired_before > 0 && c.acquired_after >= 30);
-    // Every acquire was acknowledged by the replica before it counted (invariant 13), so the
+    // Every acquire was acknowledged by the replica before it counted (invariant 13,
+    // docs/DESIGN.md), so the
     // promoted replica has every hold; and a 20 ms section cannot outlive a 3 s lease.
     assert_eq!(c.overlaps, 0, "two holders at once: {c:?}");
     // The new primary serves within a few node timeouts; waiters need no lease to notice.

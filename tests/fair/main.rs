@@ -1,8 +1,8 @@
 //! The fair lock (Redisson's `RFairLock`) against real redis-server processes: FIFO order
 //! across processes, waiters that give up (timeout, cancellation, error) leaving the queue at
 //! once, a crashed waiter purged after its wait, interplay with a "Redisson peer" running
-//! Lua written from REDISSON.md §4.1 (both directions), exclusion with the plain lock, and the
-//! wire layout.
+//! Lua written from docs/WIRE.md ("Fair lock") (both directions), exclusion with the plain lock,
+//! and the wire layout.
 
 #[path = "../support/mod.rs"]
 mod support;

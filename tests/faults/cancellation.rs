@@ -73,8 +73,8 @@ async fn child_storms(url: String) {
         for task in tasks.iter().filter(|_| fastrand::u8(0..10) == 0) {
             task.abort();
         }
-        // Never a panic (invariant 10); of the errors only a command's deadline passing on a
-        // loaded machine is expected — a dropped future is cancelled, not failed.
+        // Never a panic (invariant 10, docs/DESIGN.md); of the errors only a command's deadline
+        // passing on a loaded machine is expected — a dropped future is cancelled, not failed.
         let mut timeouts = 0;
         for task in tasks {
             match task.await {

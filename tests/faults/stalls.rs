@@ -287,8 +287,8 @@ async fn network_cut_fires_lost_errors_promptly_and_recovers() {
     other.shutdown().await.unwrap();
 }
 
-/// Invariant 18: an acquire whose validity ended before its reply came (the server paused
-/// past the lease) is released and retried within the caller's wait, never handed out.
+/// Invariant 18 (docs/DESIGN.md): an acquire whose validity ended before its reply came (the server
+/// paused past the lease) is released and retried within the caller's wait, never handed out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acquire_whose_lease_ended_before_its_reply_is_never_handed_out() {
     let server = RedisServer::start();

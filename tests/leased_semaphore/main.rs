@@ -117,7 +117,7 @@ async fn watchdog_keeps_a_permit(url: &str, name: &str) {
 }
 
 /// A Redisson `RPermitExpirableSemaphore` peer, written for these tests from the protocol's
-/// steps (REDISSON.md §4.8), with a Java client's own clock as "now".
+/// steps (docs/WIRE.md, "Leased semaphore"), with a Java client's own clock as "now".
 ///
 /// `tryAcquire(n, lease)`: KEYS = [N, T, C], ARGV = [n, expiry, now, sentinel, publishCmd,
 /// id_1 … id_n]; replies "OK", ":<earliest lease end>" or nil.

@@ -142,8 +142,8 @@ async fn at_most_n_holders(url: &str, name: &str) {
 }
 
 /// Contenders that share one task — futures joined, not spawned — on two clients of one
-/// process stay within N holders too (invariant 14: a shared task is no shared holder; the
-/// holds registry must not take a second permit of this task for the first), in every
+/// process stay within N holders too (invariant 14 of docs/DESIGN.md: a shared task is no shared
+/// holder; the holds registry must not take a second permit of this task for the first), in every
 /// acquire style, several permits at once among them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn contenders_joined_in_one_task_stay_within_n() {

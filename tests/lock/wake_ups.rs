@@ -92,8 +92,8 @@ async fn a_woken_waiter_that_gives_up_passes_the_wake_up_on() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unlock_wakes_one_waiter_per_process_not_all() {
-    // Invariant 4: ten parked waiters of one process; one release wakes one of them, which
-    // takes the lock — the other nine stay parked and send nothing.
+    // Invariant 4 (docs/DESIGN.md): ten parked waiters of one process; one release wakes one of
+    // them, which takes the lock — the other nine stay parked and send nothing.
     let server = RedisServer::start();
     let raw = server.raw().await;
     let holder = rarely_renewing_client(&server).await;
@@ -174,8 +174,9 @@ async fn monitor_until(monitor: &mut Monitor, key: &str, n: usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_rechecks_only_after_its_subscription_is_confirmed() {
-    // Invariant 2, as the server saw it (MONITOR): the waiter's first attempt, then the
-    // SUBSCRIBE and the barrier PING on the subscriber connection, and only then its re-check.
+    // Invariant 2 (docs/DESIGN.md), as the server saw it (MONITOR): the waiter's first attempt,
+    // then the SUBSCRIBE and the barrier PING on the subscriber connection, and only then its
+    // re-check.
     let server = RedisServer::start();
     let raw = server.raw().await;
     let holder = client(&server).await;

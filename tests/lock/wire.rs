@@ -176,8 +176,9 @@ async fn unreachable_redis_is_a_connection_error() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_script_whose_reply_was_lost_is_never_sent_twice() {
-    // Invariant 11: the lock script ran, its reply never came back, the connection broke and
-    // came back. A client that re-sent the command would leave a phantom reentry count of 2.
+    // Invariant 11 (docs/DESIGN.md): the lock script ran, its reply never came back, the connection
+    // broke and came back. A client that re-sent the command would leave a phantom reentry count of
+    // 2.
     use support::proxy::{Mode, Proxy};
     let server = RedisServer::start();
     let raw = server.raw().await;

@@ -185,7 +185,7 @@ async fn keys_that_are_not_read_write_locks_are_never_touched() {
     client.shutdown().await.unwrap();
 }
 
-// ---- Interleavings with a Redisson peer (its own scripts, from REDISSON.md §4.2) ----
+// ---- Interleavings with a Redisson peer (its own scripts, from docs/WIRE.md) ----
 
 /// A Java-style waiter of the peer: subscribes to the channel, tries, and retries on every
 /// message or when the returned PTTL ends. Returns when it got the lock and the messages it saw.

@@ -71,8 +71,8 @@ async fn at_most_n_permits_are_held_at_any_instant() {
 }
 
 /// Contenders that share one task — futures joined, not spawned — on two clients of one
-/// process stay within N holders too (invariant 14: a shared task is no shared holder), each
-/// through its guard: released, or dropped and given back in the background.
+/// process stay within N holders too (invariant 14 of docs/DESIGN.md: a shared task is no shared
+/// holder), each through its guard: released, or dropped and given back in the background.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn contenders_joined_in_one_task_stay_within_n() {
     const PERMITS: i64 = 2;

@@ -185,7 +185,7 @@ async fn a_key_of_another_type_is_refused_and_left_alone() {
 }
 
 /// A Redisson `RSemaphore` peer, written for these tests from the protocol's steps
-/// (REDISSON.md §4.6): `tryAcquire(p)` and `release(p)` as a Java client runs them.
+/// (docs/WIRE.md, "Semaphore"): `tryAcquire(p)` and `release(p)` as a Java client runs them.
 const PEER_TRY_ACQUIRE: &str = r#"
 local free = redis.call('get', KEYS[1])
 if free ~= false and tonumber(free) >= tonumber(ARGV[1]) then

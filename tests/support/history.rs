@@ -9,7 +9,7 @@
 //! - no two holders overlap while both believe they hold: a section counts from its start
 //!   until it ended or its holder was told, whichever came first. A holder told late — its
 //!   lease ended in Redis, another holder entered, and only then did `lost()` resolve — is
-//!   invariant 8's failure, and shows up here as an overlap;
+//!   invariant 8's failure (docs/DESIGN.md), and shows up here as an overlap;
 //! - the fencing numbers of the sections never told lost follow their order. A section told
 //!   lost takes no part in this one: a stalled holder's late INCR may well land inside a newer
 //!   holder's section, after it was told.

@@ -1,16 +1,17 @@
 //! A stand-in for a Java service using Redisson's `RReadWriteLock` or `RFairLock`, for
 //! interop tests.
 //!
-//! Its Lua is written for these tests from the steps of /work/shared/REDISSON.md §4.2 (read
-//! acquire, read unlock, write acquire, write unlock) — not redbaton's scripts — and takes
+//! Its Lua is written for these tests from Redisson's steps in docs/WIRE.md ("Read/write lock":
+//! read acquire, read unlock, write acquire, write unlock) — not redbaton's scripts — and takes
 //! Redisson's KEYS and ARGV, with Redisson's replies: `nil` when acquired or released, the
 //! lock's PTTL when an acquire is refused, 0/1 from an unlock (0: still held, 1: released),
-//! `nil` from an unlock by a non-holder. The unlock latch (§0.5) is included: each unlock gets
-//! a fresh request id, and the peer deletes the latch after the reply, as Redisson does.
-//! The peer acts as one Redisson client: its own UUID, and a "thread id" per call.
+//! `nil` from an unlock by a non-holder. The unlock latch (docs/WIRE.md, "Redisson's unlock latch")
+//! is included: each unlock gets a fresh request id, and the peer deletes the latch after the
+//! reply, as Redisson does. The peer acts as one Redisson client: its own UUID, and a "thread id"
+//! per call.
 //!
-//! [`FairPeer`] does the same for the fair lock from §4.1 (waiting and non-queuing acquire,
-//! unlock, `acquireFailed`), with the peer's own clock for the timeout scores.
+//! [`FairPeer`] does the same for the fair lock from docs/WIRE.md ("Fair lock": waiting and
+//! non-queuing acquire, unlock, `acquireFailed`), with the peer's own clock for the timeout scores.
 //!
 //! It is driven by raw fred calls (`EVAL`), so nothing of redbaton is involved.
 #![allow(dead_code)]
@@ -20,7 +21,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use fred::prelude::*;
 use fred::types::Value;
 
-/// Read acquire — §4.2 "Read acquire".
+/// Read acquire — docs/WIRE.md, "Read/write lock", Redisson's read acquire.
 /// KEYS = [name, timeoutPrefix]; ARGV = [leaseMs, lockName, lockName:write].
 const READ_LOCK: &str = r#"
 local mode = redis.call('hget', KEYS[1], 'mode')
@@ -44,7 +45,7 @@ end
 return redis.call('pttl', KEYS[1])
 "#;
 
-/// Read unlock — §4.2 "Read unlock", with the latch.
+/// Read unlock — docs/WIRE.md, "Read/write lock", Redisson's read unlock, with the latch.
 /// KEYS = [name, channel, timeoutPrefix, keyPrefix, latch];
 /// ARGV = ["0", lockName, publishCmd, latchTimeout].
 const READ_UNLOCK: &str = r#"
@@ -93,7 +94,7 @@ redis.call('set', KEYS[5], 1, 'px', ARGV[4])
 return 1
 "#;
 
-/// Write acquire — §4.2 "Write acquire".
+/// Write acquire — docs/WIRE.md, "Read/write lock", Redisson's write acquire.
 /// KEYS = [name]; ARGV = [leaseMs, lockName:write].
 const WRITE_LOCK: &str = r#"
 local mode = redis.call('hget', KEYS[1], 'mode')
@@ -112,7 +113,7 @@ end
 return redis.call('pttl', KEYS[1])
 "#;
 
-/// Write unlock — §4.2 "Write unlock", with the latch.
+/// Write unlock — docs/WIRE.md, "Read/write lock", Redisson's write unlock, with the latch.
 /// KEYS = [name, channel, latch];
 /// ARGV = ["1", internalLease, lockName:write, publishCmd, latchTimeout].
 const WRITE_UNLOCK: &str = r#"
@@ -315,7 +316,7 @@ impl RedissonPeer {
 }
 
 // ---------------------------------------------------------------------------------------
-// The fair lock (`RFairLock`), from §4.1: the RLock hash, the queue list
+// The fair lock (`RFairLock`), from docs/WIRE.md ("Fair lock"): the RLock hash, the queue list
 // `redisson_lock_queue:{name}`, the timeout zset `redisson_lock_timeout:{name}` (epoch-ms
 // scores by this peer's clock), the waiting and non-queuing acquires with their different
 // ARGV orders (nil = acquired), the unlock publishing "0" on the head's own channel

@@ -2,8 +2,8 @@
 
 use super::*;
 
-/// Invariant 1 (mutual exclusion). The rival and the kind exclude each other (both ways,
-/// `try_lock` and a bounded `try_lock_for`); exclusive kinds exclude another client and
+/// Invariant 1 of docs/DESIGN.md (mutual exclusion). The rival and the kind exclude each other
+/// (both ways, `try_lock` and a bounded `try_lock_for`); exclusive kinds exclude another client and
 /// another task of the same client; shared kinds share. Then a contention run with a
 /// history checker: an exclusive kind's holders are never two at once, and a guarded
 /// read-modify-write counter in Redis ends exact; for a shared kind, rival holders (which
@@ -139,9 +139,9 @@ pub async fn exclusion<K: Family>() {
     b.shutdown().await.unwrap();
 }
 
-/// Invariant 6 (reentry is exact) and 14 (re-entry by scope). Outside a hold's scope an
-/// acquire is a new owner (`try_lock` refuses, the count outside is 0); inside `guard.run`,
-/// every acquire method re-enters at once, and so do `guard.reenter()` and a nested
+/// Invariants 6 (reentry is exact) and 14 (re-entry by scope) of docs/DESIGN.md. Outside a hold's
+/// scope an acquire is a new owner (`try_lock` refuses, the count outside is 0); inside
+/// `guard.run`, every acquire method re-enters at once, and so do `guard.reenter()` and a nested
 /// `lock.run`: one owner field whose count follows every acquire and every release (in any
 /// order); the key has the kind's Redis type while held and is gone after the last release.
 pub async fn reentry<K: Family>() {
@@ -234,8 +234,8 @@ pub async fn reentry<K: Family>() {
     a.shutdown().await.unwrap();
 }
 
-/// Invariant 14 (one holder means one holder). Critical sections on one name, polled together
-/// in one task — `join!`, `select!`, `FuturesUnordered`, `for_each_concurrent`,
+/// Invariant 14 of docs/DESIGN.md (one holder means one holder). Critical sections on one name,
+/// polled together in one task — `join!`, `select!`, `FuturesUnordered`, `for_each_concurrent`,
 /// `buffer_unordered` — are never inside at once (an exclusive kind; a shared kind's sections
 /// never overlap a rival's); on two names they run together.
 pub async fn one_holder_per_scope<K: Family>() {

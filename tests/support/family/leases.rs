@@ -12,9 +12,9 @@ async fn leased(url: String, lease: Duration) -> Client {
         .unwrap()
 }
 
-/// Invariant 7 (leases end): a holder whose process dies (its runtime is dropped: no unlock,
-/// no shutdown, no renewal) holds the lock for one watchdog lease (1 s here), then the rival
-/// gets it.
+/// Invariant 7 of docs/DESIGN.md (leases end): a holder whose process dies (its runtime is dropped:
+/// no unlock, no shutdown, no renewal) holds the lock for one watchdog lease (1 s here), then the
+/// rival gets it.
 pub async fn dead_holders_lease_ends<K: Family>() {
     let server = RedisServer::start();
     let raw = server.raw().await;
@@ -51,8 +51,8 @@ pub async fn dead_holders_lease_ends<K: Family>() {
     other.shutdown().await.unwrap();
 }
 
-/// Invariants 7 and 8 with a fixed lease: it is never renewed, the rival gets the lock after
-/// it, the guard says it is lost (by its own clock and Redis's), and its unlock is
+/// Invariants 7 and 8 of docs/DESIGN.md with a fixed lease: it is never renewed, the rival gets the
+/// lock after it, the guard says it is lost (by its own clock and Redis's), and its unlock is
 /// `NotHeld` without touching the rival's hold.
 pub async fn fixed_lease_ends_and_the_guard_knows<K: Family>() {
     let server = RedisServer::start();
@@ -95,8 +95,8 @@ pub async fn fixed_lease_ends_and_the_guard_knows<K: Family>() {
     b.shutdown().await.unwrap();
 }
 
-/// Invariants 7 and 8 with the watchdog: a hold outlives two watchdog leases with its guard
-/// not lost, the rival excluded and the key's expiry within one lease; after the unlock
+/// Invariants 7 and 8 of docs/DESIGN.md with the watchdog: a hold outlives two watchdog leases with
+/// its guard not lost, the rival excluded and the key's expiry within one lease; after the unlock
 /// nothing keeps it.
 pub async fn watchdog_renews<K: Family>() {
     let server = RedisServer::start();
@@ -128,9 +128,9 @@ pub async fn watchdog_renews<K: Family>() {
     b.shutdown().await.unwrap();
 }
 
-/// Invariant 8 (lost means told). `lost()` stays pending while the lock is held, and fires
-/// (within a few renewal periods) when another client force-unlocks it and when its key is
-/// deleted underneath. A lost guard's unlock is `NotHeld` and leaves a newer hold of the same
+/// Invariant 8 of docs/DESIGN.md (lost means told). `lost()` stays pending while the lock is held,
+/// and fires (within a few renewal periods) when another client force-unlocks it and when its key
+/// is deleted underneath. A lost guard's unlock is `NotHeld` and leaves a newer hold of the same
 /// owner alone.
 pub async fn lost_fires<K: Family>() {
     let server = RedisServer::start();
@@ -181,9 +181,9 @@ pub async fn lost_fires<K: Family>() {
     b.shutdown().await.unwrap();
 }
 
-/// Invariant 8, soon: with the default settings (a 30 s watchdog lease, renewed every 10 s),
-/// a holder is told that another client force-unlocked its lock within about the lease check
-/// interval (500 ms), not at its next renewal.
+/// Invariant 8 of docs/DESIGN.md, soon: with the default settings (a 30 s watchdog lease, renewed
+/// every 10 s), a holder is told that another client force-unlocked its lock within about the lease
+/// check interval (500 ms), not at its next renewal.
 pub async fn force_unlock_is_felt_within_a_second<K: Family>() {
     let server = RedisServer::start();
     let a = Client::connect(&server.url()).await.unwrap();
@@ -207,8 +207,8 @@ pub async fn force_unlock_is_felt_within_a_second<K: Family>() {
     b.shutdown().await.unwrap();
 }
 
-/// Invariant 11 on a healthy connection: an acquire given up after its call bound (four
-/// command timeouts) while the server stalls still runs when it answers; the hold it took is
+/// Invariant 11 of docs/DESIGN.md on a healthy connection: an acquire given up after its call bound
+/// (four command timeouts) while the server stalls still runs when it answers; the hold it took is
 /// settled (trimmed back to what the client accounts for: none), so the lock is free for
 /// another client soon after the stall, not for a whole lease.
 pub async fn a_stall_past_the_call_bound_leaves_nothing_held<K: Family>() {

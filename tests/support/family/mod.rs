@@ -1,4 +1,4 @@
-//! The lock family's conformance suite: the invariants of DESIGN.md, written once and run
+//! The lock family's conformance suite: the invariants of docs/DESIGN.md, written once and run
 //! against every lock kind, each against its own `redis-server`.
 //!
 //! # Adding a kind

@@ -32,9 +32,9 @@ fn is_wrong_type<T>(outcome: &Result<T>) -> bool {
     matches!(outcome, Err(Error::WrongType { .. }))
 }
 
-/// Invariant 9 (cancellation safety). Ten parked waiters aborted leave no subscription and
-/// take nothing when the rival releases; acquires cancelled at random points (mid-flight
-/// included) leave no hold; a dropped guard is released in the background.
+/// Invariant 9 of docs/DESIGN.md (cancellation safety). Ten parked waiters aborted leave no
+/// subscription and take nothing when the rival releases; acquires cancelled at random points
+/// (mid-flight included) leave no hold; a dropped guard is released in the background.
 pub async fn cancellation_leaves_nothing_behind<K: Family>() {
     let server = RedisServer::start();
     let raw = server.raw().await;
@@ -153,9 +153,9 @@ pub async fn shutdown_releases_and_refuses<K: Family>() {
     assert!(matches!(lock.is_locked().await, Err(Error::ShutDown)));
 }
 
-/// Invariant 10 (bad input). An empty name, a name over the limit, and leases under 1 ms or
-/// over `MAX_LEASE` are `Error::InvalidArgument` from every method, before anything is sent;
-/// a zero and an endless wait work.
+/// Invariant 10 of docs/DESIGN.md (bad input). An empty name, a name over the limit, and leases
+/// under 1 ms or over `MAX_LEASE` are `Error::InvalidArgument` from every method, before anything
+/// is sent; a zero and an endless wait work.
 pub async fn bad_input_is_refused_before_anything_is_sent<K: Family>() {
     let server = RedisServer::start();
     let raw = server.raw().await;
@@ -241,9 +241,9 @@ pub async fn bad_input_is_refused_before_anything_is_sent<K: Family>() {
     a.shutdown().await.unwrap();
 }
 
-/// Invariant 10 (a key of the wrong type). With a string, a list or a set (or a hash, for a
-/// kind whose key is not a hash) at the lock's key, every acquire method, `hold_count` and
-/// `force_unlock` return `Error::WrongType`, and Redis is exactly as it was: the key's value
+/// Invariant 10 of docs/DESIGN.md (a key of the wrong type). With a string, a list or a set (or a
+/// hash, for a kind whose key is not a hash) at the lock's key, every acquire method, `hold_count`
+/// and `force_unlock` return `Error::WrongType`, and Redis is exactly as it was: the key's value
 /// and TTL unchanged, no other key created, no subscription left.
 pub async fn wrong_type_keys_are_refused_and_untouched<K: Family>() {
     let server = RedisServer::start();

@@ -19,10 +19,10 @@ fn spawn_holder<L: AnyLock + Clone>(
     })
 }
 
-/// Invariants 2 and 3 (a waiter parks on its channel and is woken by the release). While the
-/// rival holds, a waiter subscribes to the kind's channel and then sends nothing for 1.5 s
-/// (no polling: the lease is 30 s); the rival's release wakes it within seconds — only the
-/// message can do that. Its subscription is gone afterwards.
+/// Invariants 2 and 3 of docs/DESIGN.md (a waiter parks on its channel and is woken by the
+/// release). While the rival holds, a waiter subscribes to the kind's channel and then sends
+/// nothing for 1.5 s (no polling: the lease is 30 s); the rival's release wakes it within seconds —
+/// only the message can do that. Its subscription is gone afterwards.
 pub async fn wake_up_without_polling<K: Family>() {
     let server = RedisServer::start();
     let raw = server.raw().await;
@@ -80,10 +80,10 @@ pub async fn wake_up_without_polling<K: Family>() {
     waiters.shutdown().await.unwrap();
 }
 
-/// Invariant 4 (wake as many as can enter). Five waiters of one process park behind the
-/// rival; one release of the rival wakes exactly as many as the kind's rule says — `One`:
-/// the release and one winning attempt run, nothing else; `All`: every waiter re-checks once.
-/// An exclusive kind then has exactly one holder (the others park again); a shared kind has
+/// Invariant 4 of docs/DESIGN.md (wake as many as can enter). Five waiters of one process park
+/// behind the rival; one release of the rival wakes exactly as many as the kind's rule says —
+/// `One`: the release and one winning attempt run, nothing else; `All`: every waiter re-checks
+/// once. An exclusive kind then has exactly one holder (the others park again); a shared kind has
 /// all five.
 pub async fn wake_one_or_all<K: Family>() {
     assert!(
@@ -155,9 +155,9 @@ pub async fn wake_one_or_all<K: Family>() {
     waiters.shutdown().await.unwrap();
 }
 
-/// Invariants 3 and 4 (no waiter is left behind): four waiters queued behind the rival all
-/// get the lock after its release, each woken by the previous holder's release (the leases
-/// are 30 s) — in arrival order for a FIFO kind.
+/// Invariants 3 and 4 of docs/DESIGN.md (no waiter is left behind): four waiters queued behind the
+/// rival all get the lock after its release, each woken by the previous holder's release (the
+/// leases are 30 s) — in arrival order for a FIFO kind.
 pub async fn every_waiter_gets_its_turn<K: Family>() {
     const WAITERS: usize = 4;
     let server = RedisServer::start();

@@ -1,9 +1,9 @@
-//! The turn's state machine (see [`crate::holds`]): at most one counted call per lock key and
+//! The turn's state machine (see [`crate::engine::holds`]): at most one counted call per lock key and
 //! owner in flight, the others queued for it, and a queued caller that gives up passing on a
 //! hand-over it may have consumed.
 //!
 //! Pure: the holds registry keeps it under its entry's lock and wakes the callers queued for
-//! it by a `Notify`, as the model tests below do under a model checker (see `src/model.rs`),
+//! it by a `Notify`, as the model tests below do under a model checker (see `src/engine/model.rs`),
 //! exploring callers that take the turn, wait for it, try it once (a baton pass takes the next
 //! owner's turn only if it is free), or give up while woken.
 
@@ -56,14 +56,14 @@ impl TurnState {
     }
 }
 
-/// Model tests: callers of one owner's turn, as [`Holds::turn`](crate::holds::Holds::turn)
+/// Model tests: callers of one owner's turn, as [`Holds::turn`](crate::engine::holds::Holds::turn)
 /// and the turn's drop make them, under interleavings chosen by a model checker. The hold has
 /// one guard per patient caller (re-entry); each releases one under the turn, and the one that
 /// finds none left ends the hold.
 #[cfg(test)]
 mod model {
     use super::*;
-    use crate::model::explore;
+    use crate::engine::model::explore;
     use shuttle::future::{block_on, spawn};
     use shuttle::sync::Mutex;
     use std::sync::Arc;

@@ -5,7 +5,7 @@
 //! [`lease_check_interval`](crate::Config::lease_check_interval), asks the same way whether
 //! each hold is still there (lease 0: a read, no write, no `WAIT`). A hold doubted by the hub
 //! (an unlock message came while it was held through a hand-off in memory) is checked at once — one batched script per renewal flavour (each kind
-//! names its own, see [`HoldOps::renewal`](crate::holds::HoldOps::renewal)) and, on a
+//! names its own, see [`HoldOps::renewal`](crate::engine::holds::HoldOps::renewal)) and, on a
 //! cluster, per hash slot. Fixed-lease holds ride along with lease 0, which only checks that
 //! they are still held. A hold whose renewal finds it gone (expired, force-unlocked, taken
 //! over) is marked lost at once; a hold that could not be renewed for a whole lease by the
@@ -20,7 +20,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::conn::{Ack, Conn};
-use crate::holds::{Holds, Loss, Renewable};
+use crate::engine::holds::{Holds, Loss, Renewable};
 
 /// Holds renewed per script call.
 const BATCH: usize = 100;

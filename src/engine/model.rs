@@ -1,6 +1,6 @@
 //! What the model tests of the concurrent state machines share (the hub's wake-ups in
-//! [`crate::wake_state`], the baton queue in [`crate::baton_state`], the turn in
-//! [`crate::turn_state`]): the model checker's schedules, and its atomics.
+//! [`crate::engine::hub::wake_state`], the baton queue in [`crate::engine::baton::queue_state`], the turn in
+//! [`crate::engine::holds::turn_state`]): the model checker's schedules, and its atomics.
 //!
 //! The checker is shuttle: it runs a test's tasks one at a time and picks which runs next at
 //! every operation on its own primitives (atomics, mutexes, spawns), PCT and uniformly random

@@ -12,7 +12,7 @@
 //! client's own subscriber listens on the lock's channel (anyone else subscribed may be
 //! waiting), and a lock passes at most [`Config::baton_passes`](crate::Config::baton_passes)
 //! times in a row before an ordinary release — counted with the hold in the client's registry
-//! ([`crate::holds`]), so the guard released last, re-entered or not, knows the run. A release
+//! ([`crate::engine::holds`]), so the guard released last, re-entered or not, knows the run. A release
 //! that found another client waiting makes the next few releases of that key ordinary ones
 //! without asking: that client most likely still waits. On a cluster with classic pub/sub
 //! the subscriber count is the key's node's only, so the bound on passes in a row is what
@@ -34,14 +34,14 @@
 //! waiter the hold itself, in memory: no round trip, nothing written. Redis keeps saying what
 //! is true — this client holds the lock, under the same owner field, count 1, with the lease
 //! the watchdog renews — and the waiter's guard carries that field, generation and validity
-//! ([`Turn::hand_on`](crate::holds::Turn::hand_on)). So the field travels with the hold: the
+//! ([`Turn::hand_on`](crate::engine::holds::Turn::hand_on)). So the field travels with the hold: the
 //! new holder's scope is the field's owner number, its re-entry `HINCRBY`s the field Redis
 //! has, and a Redisson peer sees one valid hold throughout. The waiter's own fresh number is
 //! simply never used (numbers are never reused, so nothing else can name it).
 //!
 //! Since the field stays, nothing that still names it may re-enter once the hold has moved on
 //! (invariant 16, docs/DESIGN.md). A scope frame cannot: a scope is read at every poll of the
-//! future inside it ([`crate::scope::within`]), so only code polled inside the hold's `run` —
+//! future inside it ([`crate::engine::scope::within`]), so only code polled inside the hold's `run` —
 //! which borrows the guard, so the hold cannot move meanwhile — sees it, however far a future
 //! first polled there travels afterwards. An owner string can, in any process: so a hold
 //! whose owner was given out — read from its guard or lock handle, or named explicitly with
@@ -79,9 +79,11 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
-pub(crate) use crate::baton_state::Baton;
-use crate::baton_state::Entries;
-use crate::holds::Entry;
+pub(crate) mod queue_state;
+
+use crate::engine::holds::Entry;
+pub(crate) use queue_state::Baton;
+use queue_state::Entries;
 
 /// Releases of a key made the ordinary way, without a claim, after a pass found another
 /// client waiting: that client most likely still waits (it is served by the unlock message,
@@ -91,9 +93,9 @@ const ORDINARY_AFTER_ANOTHER_CLIENT: u32 = 8;
 
 /// How long this client's tasks stay out of a lock after a release made the ordinary way
 /// because another client waits: that client's waiter is woken by the unlock message, one hop
-/// further than this client's own, and would otherwise lose every race to them (invariant 16:
-/// a waiter of another process gets in within a bound). A waiter that does not come within
-/// it (it left) costs the lock this long idle.
+/// further than this client's own, and would otherwise lose every race to them (invariant 16
+/// of docs/DESIGN.md: a waiter of another process gets in within a bound). A waiter that does not
+/// come within it (it left) costs the lock this long idle.
 pub(crate) const YIELD_TO_OTHERS: Duration = Duration::from_millis(20);
 
 /// How long a run of local hand-offs lasts at most before an ordinary release: the bound that
@@ -195,7 +197,7 @@ impl Queue {
     }
 
     /// An unlock message came on the channel. Returns this client's hold of the key, if it is
-    /// held now: Redis may no longer have it (see [`Holds::doubt`](crate::holds::Holds::doubt)).
+    /// held now: Redis may no longer have it (see [`Holds::doubt`](crate::engine::holds::Holds::doubt)).
     pub(crate) fn unlock_heard(&self) -> Option<(Arc<Entry>, u64)> {
         *self.unlock_heard.lock() = Some(Instant::now());
         let held = self.held.lock();
@@ -317,7 +319,7 @@ impl Drop for Ticket<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::holds::Lease;
+    use crate::engine::holds::Lease;
     use std::pin::pin;
     use std::task::{Context, Waker};
 

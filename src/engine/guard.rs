@@ -1,16 +1,14 @@
 //! [`Guard`]: proof of one hold of a lock, released on drop.
 
 use std::future::Future;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use crate::acquire::{bounded, settle, trim_lost, undo_acquire, Finish};
-use crate::baton::{Claim, LOCAL_RUN_FOR};
-use crate::conn::{Conn, Failed};
-use crate::holds::{Entry, HandOn, HoldOps, Lease, Loss, Registered, Turn};
-use crate::kind::Kind;
+use crate::engine::call::Finish;
+use crate::engine::holds::{Entry, Lease, Registered};
+use crate::engine::kind::Kind;
+use crate::engine::release::release;
 use crate::owner::Owner;
 use crate::{Error, Result};
 
@@ -50,11 +48,11 @@ pub struct Guard<K: Kind> {
 
 /// What releasing needs, movable into a background task.
 #[derive(Clone)]
-struct Hold {
-    field: Arc<str>,
-    entry: Arc<Entry>,
-    generation: u64,
-    lease: Lease,
+pub(crate) struct Hold {
+    pub(crate) field: Arc<str>,
+    pub(crate) entry: Arc<Entry>,
+    pub(crate) generation: u64,
+    pub(crate) lease: Lease,
     /// Where a fixed lease ends by the local clock.
     expires: Option<Instant>,
 }
@@ -224,7 +222,7 @@ impl<K: Kind> Guard<K> {
             return Err(not_held());
         }
         let zero = Some(std::time::Duration::ZERO);
-        let again = crate::acquire::acquire(&self.kind, zero, self.hold.lease);
+        let again = crate::engine::acquire::acquire(&self.kind, zero, self.hold.lease);
         self.scoped(again).await?.ok_or_else(not_held)
     }
 
@@ -232,11 +230,11 @@ impl<K: Kind> Guard<K> {
     /// is polled re-enters this hold. A hold of an explicit owner of another client has no
     /// scope (its own handle re-enters it).
     fn scoped<F: Future>(&self, future: F) -> impl Future<Output = F::Output> {
-        crate::scope::within(self.scope(), future)
+        crate::engine::scope::within(self.scope(), future)
     }
 
     /// This hold as a scope names it, if it has one (see [`scoped`](Guard::scoped)).
-    pub(crate) fn scope(&self) -> Option<crate::scope::Scoped> {
+    pub(crate) fn scope(&self) -> Option<crate::engine::scope::Scoped> {
         let named = self.kind.named();
         let number = self.own_number()?;
         Some((named.client.id.clone(), named.key.clone(), number))
@@ -368,362 +366,6 @@ pub(crate) async fn release_after<T>(
         }
     }
     outcome
-}
-
-/// Releases one hold under the owner's turn — or, for the owner's last hold, hands it to a
-/// parked waiter of this client when one can take it: in memory when the hold allows, else
-/// with the pass script (see [`crate::baton`]).
-async fn release<K: Kind>(kind: K, hold: Hold, extra: K::Extra) -> Result<()> {
-    let named = kind.named();
-    let client = &named.client;
-    let conn = &client.conn;
-    let ops = kind.ops();
-    let far = Instant::now() + conn.command_timeout() * 4;
-    let Some(turn) = client.holds.turn(&named.key, &hold.field, &ops, far).await else {
-        return Err(Error::Timeout(conn.command_timeout()));
-    };
-    let mut claim = None;
-    if turn.last_guard(hold.generation) {
-        // The hand-off latency of a waiter of this client starts here.
-        client.holds.metrics().released(&named.key);
-        // The run is the hold's, whichever of its guards (re-entry adds some) goes last.
-        claim = claim_waiter(&kind, &hold, turn.passes());
-        if let Some(waiting) = claim.take() {
-            match hand_on(&kind, &hold, &turn, waiting, extra) {
-                Handing::Handed => {
-                    drop(turn);
-                    // As after a pass: let the woken holder run before whatever the releaser
-                    // does next pushes it out of this worker's next slot.
-                    tokio::task::yield_now().await;
-                    return Ok(());
-                }
-                Handing::Ordinary => {}
-                Handing::Script(waiting) => claim = Some(waiting),
-            }
-        }
-    }
-    // Forgotten first, so no renewal can outlive the release. A lost hold must not run the
-    // script: the same owner may have taken the lock again, and it would release that. Where
-    // other holds keep the key alive past this hold's lease, what is left of the lost hold is
-    // trimmed instead (the holds taken anew stay), or it would lock others out.
-    let Some(guards_left) = turn.forget_guard(hold.generation, hold.lease) else {
-        if let Some(claim) = claim {
-            claim.withdraw();
-        }
-        if conn.is_closed() {
-            return Err(Error::ShutDown);
-        }
-        if ops.shares_expiry() {
-            trim_lost(conn.clone(), turn);
-        }
-        return Err(Error::NotHeld {
-            name: named.name().to_owned(),
-        });
-    };
-    let passing = match claim {
-        Some(claim) if guards_left == 0 => Passing::claim(&kind, &hold, turn.passes(), claim).await,
-        Some(claim) => {
-            claim.withdraw();
-            None
-        }
-        None => None,
-    };
-    let sent_at = Instant::now();
-    let (passing, call) = match passing {
-        Some((passing, call)) => (Some(passing), call),
-        None => (None, ops.release(conn, &hold.field, 1, 0)),
-    };
-    let mut outcome = bounded(call, conn).await;
-    if let Some(passing) = passing {
-        match &outcome {
-            Ok(reply) if reply.as_i64() == Some(PASSED) => {
-                if conn.is_closed() || passing.turn.ended_before_reply(1, passing.lease, sent_at) {
-                    // Shutting down, or the pass's reply came after the lease it wrote had
-                    // ended by the local clock (invariant 18): the waiter gets no guard, and
-                    // the hold the pass wrote goes as an acquire's would.
-                    passing.undo(conn, ops, named.name()).await;
-                } else {
-                    passing.hand_over(&kind, sent_at);
-                    // The next holder was just woken into this worker's next slot. Whatever
-                    // the releaser does next (often another acquire, whose send wakes the
-                    // connection's task) would push it out of that slot, onto the queue other
-                    // workers wake up to steal from: let it run first.
-                    tokio::task::yield_now().await;
-                }
-                return Ok(());
-            }
-            // Released the ordinary way, message and all: another client was waiting.
-            Ok(reply) if reply.as_i64() == Some(0) => passing.another_client_waits(),
-            // The pass may have run: the next owner's count, like the releaser's, is trimmed
-            // back to what this client accounts for (none), which releases it.
-            Err(Failed::MaybeRan(_) | Failed::Unreplicated { .. }) => passing.settle(conn),
-            Err(Failed::NotRun(e)) if !named.error(e).is_transient() => {
-                // The server refused the script before it wrote anything: release the
-                // ordinary way, now and from now on.
-                tracing::warn!(lock = %named.name(), error = %e, "the server refuses the baton pass (an ACL without PUBSUB NUMSUB?); this client releases without it");
-                client.passes_refused.store(true, Ordering::Relaxed);
-                passing.withdraw();
-                outcome = bounded(ops.release(conn, &hold.field, 1, 0), conn).await;
-            }
-            _ => passing.withdraw(),
-        }
-    }
-    match outcome {
-        Ok(reply) => match reply.as_i64() {
-            Some(-1) => {
-                hold.entry.mark_lost(hold.generation, Loss::UnlockFoundGone);
-                Err(Error::NotHeld {
-                    name: named.name().to_owned(),
-                })
-            }
-            Some(remaining) => {
-                tracing::trace!(lock = %named.name(), remaining, "released");
-                Ok(())
-            }
-            None => Err(Error::Redis(format!(
-                "unexpected release reply for {:?}",
-                named.name()
-            ))),
-        },
-        Err(Failed::MaybeRan(e)) => {
-            settle(conn.clone(), turn);
-            Err(named.error(&e))
-        }
-        Err(failed @ Failed::Unreplicated { .. }) => {
-            // Released on the primary; make the release reach the replicas too (the settle's
-            // trim is idempotent and waits for them) before a failover could revive the hold.
-            let error = failed.to_error(conn, named.name());
-            settle(conn.clone(), turn);
-            Err(error)
-        }
-        Err(Failed::NotRun(e)) => {
-            let error = named.error(&e);
-            if error.is_transient() {
-                retry_release(
-                    conn.clone(),
-                    turn,
-                    ops,
-                    hold.field.clone(),
-                    named.name().to_owned(),
-                );
-            }
-            Err(error)
-        }
-    }
-}
-
-/// The pass script's reply when the lock went to the claimed waiter.
-const PASSED: i64 = -2;
-
-/// A baton pass under way: the claimed waiter, and its turn.
-struct Passing<K: Kind> {
-    claim: Claim,
-    /// The next owner's turn, held from before the pass is sent until its hold is registered:
-    /// no call of that owner can run in between.
-    turn: Turn,
-    field: Arc<str>,
-    lease: Lease,
-    extra: K::Extra,
-    /// This pass's place in the run of passes in a row.
-    passes: u32,
-}
-
-/// Claims the first parked waiter that can take `hold`'s lock, if the kind passes and the
-/// client allows another hand-off after the `passes` in a row that led to the hold.
-fn claim_waiter<K: Kind>(kind: &K, hold: &Hold, passes: u32) -> Option<Claim> {
-    let named = kind.named();
-    let client = &named.client;
-    if !K::PASSES || passes >= client.config.baton_passes {
-        return None;
-    }
-    let (channel, _) = kind.channel(&hold.field);
-    client.hub.claim_baton(&channel, &named.key)
-}
-
-/// What [`hand_on`] did with the claim.
-enum Handing {
-    /// The waiter was handed the hold, in memory.
-    Handed,
-    /// The run of hand-offs is over: release the ordinary way.
-    Ordinary,
-    /// Not in memory: the claim is the pass script's to use.
-    Script(Claim),
-}
-
-/// The local hand-off of `hold`, the last of its hold, to the claimed waiter (see
-/// [`crate::baton`]): its guard carries the same field, generation and validity, and nothing
-/// is sent. Counts the channel's subscribers in the background when the count is due.
-fn hand_on<K: Kind>(kind: &K, hold: &Hold, turn: &Turn, claim: Claim, extra: K::Extra) -> Handing {
-    let conn = &kind.named().client.conn;
-    if conn.is_closed() {
-        // Shutting down: the hold is released, not handed to a waiter about to leave.
-        claim.withdraw();
-        return Handing::Ordinary;
-    }
-    if kind.explicit_owner().is_some() {
-        // Its owner was named from outside, and whoever named it can re-enter the field: the
-        // next holder gets a field of its own, written by the pass script (invariant 16).
-        return Handing::Script(claim);
-    }
-    let next = claim.baton().lease;
-    let heard = claim.unlock_heard();
-    let registered = match turn.hand_on(hold.generation, hold.lease, next, LOCAL_RUN_FOR, heard) {
-        HandOn::Handed(registered) => registered,
-        HandOn::RunOver => {
-            claim.withdraw();
-            return Handing::Ordinary;
-        }
-        HandOn::NotLocal => return Handing::Script(claim),
-    };
-    if let (Some(queue), Some(count)) = (claim.count_due(), kind.listeners()) {
-        let name = kind.named().name().to_owned();
-        conn.runtime().spawn(async move {
-            match count.await {
-                // More than this client's own subscriber: someone else may be waiting.
-                Ok(listeners) if listeners > 1 => queue.another_client_waits(),
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::debug!(lock = %name, error = %e, "could not count the channel's subscribers")
-                }
-            }
-        });
-    }
-    claim.handing_on(&registered.entry, registered.generation);
-    tracing::trace!(lock = %kind.named().name(), owner = %hold.field, "handed on locally");
-    let guard = Guard::new(
-        kind.clone(),
-        hold.field.clone(),
-        registered,
-        next,
-        Instant::now(),
-        extra,
-    );
-    // A waiter that left meanwhile drops it: released (or handed on) at once.
-    drop(claim.hand(Box::new(guard)));
-    Handing::Handed
-}
-
-impl<K: Kind> Passing<K> {
-    /// With `claim` on a parked waiter: the pass, if the client sends pass scripts and that
-    /// waiter's turn is free (it is, unless an abandoned attempt of its own is still
-    /// finishing), with the pass script to send. `None`: release as usual.
-    async fn claim(
-        kind: &K,
-        hold: &Hold,
-        passes: u32,
-        claim: Claim,
-    ) -> Option<(Passing<K>, crate::conn::Call)> {
-        let named = kind.named();
-        let client = &named.client;
-        if client.passes_refused.load(Ordering::Relaxed) {
-            claim.withdraw();
-            return None;
-        }
-        let waiter = claim.baton();
-        let field = kind.field(named.task_field(waiter.task));
-        let ops = kind.ops();
-        let Some(turn) = client
-            .holds
-            .turn(&named.key, &field, &ops, Instant::now())
-            .await
-        else {
-            claim.withdraw();
-            return None;
-        };
-        let lease = waiter.lease;
-        let lease_ms = lease.millis(client.holds.watchdog_lease());
-        let Some((call, extra)) = kind.pass(&client.conn, &hold.field, &field, lease_ms) else {
-            claim.withdraw();
-            return None;
-        };
-        let passing = Passing {
-            claim,
-            turn,
-            field,
-            lease,
-            extra,
-            passes: passes + 1,
-        };
-        Some((passing, call))
-    }
-
-    /// The lock is the waiter's: registers its hold (with the watchdog, for a watchdog
-    /// lease) and hands the guard over. A waiter that left meanwhile gets nothing: the guard
-    /// is dropped, which releases the hold at once (or passes it on again).
-    fn hand_over(self, kind: &K, sent_at: Instant) {
-        let registered = self.turn.passed(self.lease, sent_at, self.passes);
-        drop(self.turn);
-        self.claim
-            .handing_on(&registered.entry, registered.generation);
-        tracing::trace!(lock = %kind.named().name(), owner = %self.field, "passed");
-        let guard = Guard::new(
-            kind.clone(),
-            self.field,
-            registered,
-            self.lease,
-            sent_at,
-            self.extra,
-        );
-        drop(self.claim.hand(Box::new(guard)));
-    }
-
-    /// Passed while the client shuts down: released again at once.
-    async fn undo(self, conn: &Arc<Conn>, ops: Arc<dyn HoldOps>, name: &str) {
-        undo_acquire(conn.clone(), self.turn, ops, self.field, name.to_owned()).await;
-        self.claim.withdraw();
-    }
-
-    /// Not passed: the waiter parks on (an ordinary release wakes it as any waiter).
-    fn withdraw(self) {
-        self.claim.withdraw();
-    }
-
-    /// Not passed, because another client was waiting; the waiter parks on.
-    fn another_client_waits(self) {
-        self.claim.another_client_waits();
-    }
-
-    /// The pass's outcome is unknown: the next owner's count is trimmed back to none.
-    fn settle(self, conn: &Arc<Conn>) {
-        self.claim.withdraw();
-        settle(conn.clone(), self.turn);
-    }
-}
-
-/// Retries a release that certainly did not run (not connected), in the background, until
-/// Redis answers or a few command timeouts passed (the lease then ends the hold).
-fn retry_release(
-    conn: Arc<Conn>,
-    turn: Turn,
-    ops: Arc<dyn crate::holds::HoldOps>,
-    field: Arc<str>,
-    name: String,
-) {
-    let runtime = conn.runtime().clone();
-    runtime.spawn(async move {
-        let give_up_at = Instant::now() + conn.command_timeout() * 4;
-        loop {
-            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-            match bounded(ops.release(&conn, &field, 1, 0), &conn).await {
-                Ok(_) => {
-                    tracing::debug!(lock = %name, "release retried successfully");
-                    break;
-                }
-                Err(Failed::MaybeRan(_) | Failed::Unreplicated { .. }) => {
-                    settle(conn.clone(), turn);
-                    return;
-                }
-                Err(Failed::NotRun(e)) if Instant::now() < give_up_at && !conn.is_closed() => {
-                    tracing::debug!(lock = %name, error = %e, "release retry failed");
-                }
-                Err(Failed::NotRun(e)) => {
-                    tracing::warn!(lock = %name, error = %e, "could not release; the lock expires with its lease");
-                    break;
-                }
-            }
-        }
-        drop(turn);
-    });
 }
 
 impl<K: Kind> Drop for Guard<K> {

@@ -1,4 +1,4 @@
-//! The baton queue's state machine (see [`crate::baton`]): each parked waiter's entry, and the
+//! The baton queue's state machine (see [`crate::engine::baton`]): each parked waiter's entry, and the
 //! transitions a releaser (claim, withdraw, hand) and the waiter (park, start an attempt,
 //! wait for the outcome, leave) make on it.
 //!
@@ -10,7 +10,7 @@
 use std::collections::VecDeque;
 use std::task::{Poll, Waker};
 
-use crate::holds::Lease;
+use crate::engine::holds::Lease;
 
 /// Who a waiter is, for a pass: what the releaser needs to write its hold.
 #[derive(Clone, Copy, Debug)]
@@ -189,15 +189,15 @@ fn wake<G>(entry: &mut Entry<G>) {
 }
 
 /// Model tests: waiters and releasers of one lock, with the baton pass, under interleavings
-/// chosen by a model checker (see [`crate::model`]). The waiters follow the wait loop's steps
+/// chosen by a model checker (see [`crate::engine::model`]). The waiters follow the wait loop's steps
 /// (re-check through [`Entries::start_attempt`], try, park, wait for a pass or the unlock
 /// message); a releaser claims the first parked waiter and either passes it the lock or, having
 /// found another client waiting, releases it the ordinary way. The lock in Redis is its holder.
 #[cfg(test)]
 mod model {
     use super::*;
-    use crate::model::explore;
-    use crate::wake_state::{TakenWakeUp, Wake, Wakes};
+    use crate::engine::hub::wake_state::{TakenWakeUp, Wake, Wakes};
+    use crate::engine::model::explore;
     use shuttle::future::{block_on, spawn};
     use shuttle::sync::atomic::AtomicUsize;
     use shuttle::sync::Mutex;

@@ -11,9 +11,9 @@ use std::time::Duration;
 use fred::types::Value;
 
 use crate::conn::{Call, Conn};
-use crate::holds::HoldOps;
-use crate::hub::Wake;
-use crate::shared::ClientInner;
+use crate::engine::client_inner::ClientInner;
+use crate::engine::holds::HoldOps;
+use crate::engine::hub::Wake;
 use crate::{Error, Result};
 
 /// The longest lock name accepted.
@@ -112,7 +112,7 @@ impl Named {
     ///
     /// [`owner_field`]: Named::owner_field
     /// An owner read this way is given out: the hold it names is never handed on in memory
-    /// (see [`Entry::give_out`](crate::holds::Entry::give_out)).
+    /// (see [`Entry::give_out`](crate::engine::holds::Entry::give_out)).
     pub(crate) fn owner(&self, owner: Option<&Arc<str>>) -> Option<crate::Owner> {
         let field = self.owner_field(owner)?;
         self.client.holds.give_out(&self.key, &field);
@@ -121,7 +121,7 @@ impl Named {
 
     /// The owner number of the hold of this lock whose scope the caller runs in, if any.
     pub(crate) fn enclosing(&self) -> Option<u64> {
-        crate::scope::enclosing(&self.client.id, &self.key)
+        crate::engine::scope::enclosing(&self.client.id, &self.key)
     }
 
     /// The owner field of the owner numbered `number` in this client.
@@ -285,7 +285,7 @@ pub trait Kind: sealed::Sealed + Clone + Send + Sync + 'static {
 
     #[doc(hidden)]
     /// Whether a hold of this kind released by its owner's last guard may be passed to a
-    /// parked waiter of the same client (see [`crate::baton`]); such a kind supplies
+    /// parked waiter of the same client (see [`crate::engine::baton`]); such a kind supplies
     /// [`pass`](Kind::pass).
     const PASSES: bool = false;
 
@@ -306,7 +306,7 @@ pub trait Kind: sealed::Sealed + Clone + Send + Sync + 'static {
 
     #[doc(hidden)]
     /// How many subscribers the lock's channel has (this client's own among them), read in
-    /// the background for the local hand-off (see [`crate::baton`]). Only kinds with
+    /// the background for the local hand-off (see [`crate::engine::baton`]). Only kinds with
     /// [`PASSES`](Kind::PASSES) supply it.
     fn listeners(&self) -> Option<futures::future::BoxFuture<'static, Result<i64>>> {
         None

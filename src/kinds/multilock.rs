@@ -7,9 +7,9 @@ use std::time::Duration;
 use futures::stream::{FuturesUnordered, StreamExt};
 use tokio::time::Instant;
 
-use crate::acquire::guard::{release_after, until_lost};
-use crate::holds::Lease;
-use crate::kind::Kind;
+use crate::engine::guard::{release_after, until_lost};
+use crate::engine::holds::Lease;
+use crate::engine::kind::Kind;
 use crate::{Error, FairLock, FencedLock, Guard, Lock, Result, WriteLock};
 
 /// A lock kind whose hold is exclusive (one owner at a time), so it can be a part of a
@@ -348,7 +348,7 @@ pub(crate) async fn acquire_one<K: Kind>(
         Some(lease) => Lease::Fixed(crate::kinds::lease_millis(lease)?),
         None => Lease::Watchdog,
     };
-    crate::acquire::acquire(lock, wait, lease).await
+    crate::engine::acquire::acquire(lock, wait, lease).await
 }
 
 /// Releases every guard concurrently; returns each outcome in order.
@@ -450,7 +450,7 @@ impl<K: Exclusive> MultiLockGuard<K> {
         Fut: Future<Output = T>,
     {
         let scopes: Vec<_> = self.guards.iter().filter_map(Guard::scope).collect();
-        let scoped = || crate::scope::within(scopes, f());
+        let scoped = || crate::engine::scope::within(scopes, f());
         until_lost(self.is_lost(), self.lost(), scoped, &self.description).await
     }
 

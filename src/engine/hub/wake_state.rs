@@ -1,4 +1,4 @@
-//! The wake-up accounting of one waiter group of the hub (see [`crate::hub`]): who is woken by
+//! The wake-up accounting of one waiter group of the hub (see [`crate::engine::hub`]): who is woken by
 //! a message, a wake-up passed on, or a departure, and what a parked waiter takes.
 //!
 //! Kept apart from the hub's subscription plumbing so that it can be explored as a state
@@ -49,7 +49,7 @@ pub(crate) trait Word: Send + Sync + 'static {
 /// Implements [`Word`] by delegating to an atomic type with the standard library's methods.
 macro_rules! atomic_word {
     ($atomic:ty) => {
-        impl $crate::wake_state::Word for $atomic {
+        impl $crate::engine::hub::wake_state::Word for $atomic {
             fn new(value: usize) -> Self {
                 <$atomic>::new(value)
             }
@@ -274,13 +274,13 @@ impl TakenWakeUp {
 }
 
 /// Model tests: the group's wake-ups under interleavings chosen by a model checker (see
-/// [`crate::model`]). Every access to a counter is a point where another task may run; a
+/// [`crate::engine::model`]). Every access to a counter is a point where another task may run; a
 /// wake-up lost leaves a waiter parked with nobody left to wake it, which the checker reports
 /// as a deadlock.
 #[cfg(test)]
 mod model {
     use super::*;
-    use crate::model::explore;
+    use crate::engine::model::explore;
     use shuttle::future::{block_on, spawn};
     use shuttle::sync::atomic::{AtomicBool, AtomicUsize};
     use std::sync::Arc;

@@ -6,11 +6,11 @@ use std::time::Duration;
 use fred::types::Value;
 
 use crate::conn::{lua_script, Ack, Call, Conn, LuaScript};
-use crate::holds::{HoldOps, Renewal};
-use crate::hub::Wake;
-use crate::kinds::reentrant::{HashLock, RENEW, UNLOCK_MESSAGE};
+use crate::engine::client_inner::ClientInner;
+use crate::engine::holds::{HoldOps, Renewal};
+use crate::engine::hub::Wake;
+use crate::kinds::lock::{HashLock, RENEW, UNLOCK_MESSAGE};
 use crate::kinds::{acquire_methods, decode_counted, prefix_name, Kind, Named, Reply, Sealed};
-use crate::shared::ClientInner;
 use crate::{Guard, Owner, Result};
 
 lua_script!(ACQUIRE, "fair/acquire.lua");
@@ -37,7 +37,11 @@ const TIMEOUT_PREFIX: &str = "redisson_lock_timeout";
 /// ```no_run
 /// # async fn run() -> redbaton::Result<()> {
 /// use std::time::Duration;
-/// let client = redbaton::Client::connect("redis://127.0.0.1:6379").await?;
+/// let client = redbaton::Client::builder()
+///     .url("redis://127.0.0.1:6379")
+///     .fair_lock_wait(Duration::from_secs(60)) // a dead waiter blocks its turn for at most 60 s
+///     .connect()
+///     .await?;
 /// let deploys = client.fair_lock("deploy:prod");
 ///
 /// // Queued behind the deploys that asked first; served in turn.

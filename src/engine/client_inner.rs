@@ -12,10 +12,10 @@ use fred::interfaces::ClientLike;
 
 use crate::config::Config;
 use crate::conn::Conn;
-use crate::holds::Holds;
-use crate::hub::Hub;
-use crate::scope::OwnerNumbers;
-use crate::watchdog::Watchdog;
+use crate::engine::holds::Holds;
+use crate::engine::hub::Hub;
+use crate::engine::scope::OwnerNumbers;
+use crate::engine::watchdog::Watchdog;
 use crate::Error;
 
 /// The parts of a [`Client`](crate::Client), kept by every handle it made.

@@ -12,10 +12,11 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::acquire::{traced, wait_for, Attempts, Try};
-use crate::hub::Wake;
-use crate::kind::Kind;
-use crate::shared::ClientInner;
+use crate::engine::acquire::traced;
+use crate::engine::client_inner::ClientInner;
+use crate::engine::hub::Wake;
+use crate::engine::kind::Kind;
+use crate::engine::wait::{wait_for, Attempts, Try};
 use crate::Result;
 
 /// How long a waiter parks before it looks again when the key exists without an expiry (no

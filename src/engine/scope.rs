@@ -72,7 +72,7 @@ pub(crate) type Scoped = (Arc<str>, Arc<str>, u64);
 /// The scopes around it are read at each poll, not once: a future polled first inside a
 /// hold's scope and later outside it (carried out of a `run`, moved between scopes by
 /// `FuturesUnordered` or a `select!` loop) is inside that hold's scope only while polled there
-/// — afterwards the hold may be another owner's (handed on in memory, see [`crate::baton`]).
+/// — afterwards the hold may be another owner's (handed on in memory, see [`crate::engine::baton`]).
 pub(crate) fn within<F: Future>(holds: impl IntoIterator<Item = Scoped>, future: F) -> Within<F> {
     // The holds' frames, innermost first, on no outer scope yet: linked to the scopes around
     // at the first poll.

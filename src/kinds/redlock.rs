@@ -7,7 +7,7 @@ use std::time::Duration;
 use rand::Rng;
 use tokio::time::Instant;
 
-use crate::multilock::{acquire_one, release_all, Exclusive, MultiLockGuard, RedLockGuard};
+use crate::kinds::multilock::{acquire_one, release_all, Exclusive, MultiLockGuard, RedLockGuard};
 use crate::{Error, Guard, Lock, Result};
 
 /// Default bound on each node's try.
@@ -276,7 +276,7 @@ impl<K: Exclusive> RedLock<K> {
             crate::kinds::lease_millis(lease)?;
         }
         let lease_len = self.lease(lease);
-        let drift = crate::holds::drift(lease_len);
+        let drift = crate::engine::holds::drift(lease_len);
         let quorum = self.quorum();
         let deadline = wait.and_then(|w| Instant::now().checked_add(w));
         loop {

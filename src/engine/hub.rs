@@ -35,11 +35,13 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 
-use crate::baton::{Claim, Queue};
 use crate::config::PubSubMode;
-use crate::holds::{Entry, Holds};
-pub use crate::wake_state::Wake;
-use crate::wake_state::{TakenWakeUp, Wakes};
+use crate::engine::baton::{Claim, Queue};
+use crate::engine::holds::{Entry, Holds};
+pub(crate) mod wake_state;
+
+pub use wake_state::Wake;
+use wake_state::{TakenWakeUp, Wakes};
 
 /// One channel as seen by this process.
 pub(crate) struct Channel {
@@ -64,7 +66,7 @@ pub(crate) struct Group {
     key: Arc<str>,
     /// Its waiters' wake-ups (the group leaves its channel when none is registered).
     wakes: Wakes,
-    /// The batons of its waiters that can be passed the lock (see [`crate::baton`]).
+    /// The batons of its waiters that can be passed the lock (see [`crate::engine::baton`]).
     batons: Arc<Queue>,
     /// [`Wake::Lock`]: when the lock's lease ends, as the last `-<ms>` message said, while a
     /// timer task waits to wake the waiters then (`None`: no news, no timer).
@@ -152,7 +154,8 @@ impl Channel {
 
     /// Doubts every hold of this channel's keys that this client holds through a hand-off in
     /// memory: the message may say Redis no longer has it (a force-unlock), or messages may
-    /// have been lost. It ends the run of hand-offs at once (invariant 16).
+    /// have been lost. It ends the run of hand-offs at once (invariant 16,
+    /// docs/DESIGN.md).
     fn doubt_handed(&self, holds: &Holds) {
         for group in self.groups.lock().iter() {
             if let Some((entry, generation)) = group.batons.unlock_heard() {
@@ -462,7 +465,7 @@ impl Hub {
     }
 
     /// Claims the first parked waiter of `key` on channel `name` that can be passed the
-    /// lock (see [`crate::baton`]).
+    /// lock (see [`crate::engine::baton`]).
     pub(crate) fn claim_baton(&self, name: &str, key: &str) -> Option<Claim> {
         self.batons(name, key)?.claim()
     }
@@ -486,7 +489,7 @@ impl Hub {
     }
 
     /// Whether releases of `key` are ordinary ones for now, another client having been
-    /// found waiting on channel `name` (see [`crate::baton`]).
+    /// found waiting on channel `name` (see [`crate::engine::baton`]).
     pub(crate) fn other_clients_wait(&self, name: &str, key: &str) -> bool {
         self.batons(name, key)
             .is_some_and(|batons| batons.other_clients_wait())

@@ -5,11 +5,11 @@ use std::sync::Arc;
 use fred::types::Value;
 
 use crate::conn::{lua_script, Call, Conn, LuaScript};
-use crate::holds::HoldOps;
-use crate::hub::Wake;
-use crate::kinds::reentrant::{hash_lock_methods, HashLock};
+use crate::engine::client_inner::ClientInner;
+use crate::engine::holds::HoldOps;
+use crate::engine::hub::Wake;
+use crate::kinds::lock::{hash_lock_methods, HashLock};
 use crate::kinds::{acquire_methods, decode_counted, prefix_name, Kind, Named, Reply, Sealed};
-use crate::shared::ClientInner;
 use crate::{Guard, Result};
 
 lua_script!(ACQUIRE, "fenced/acquire.lua");
@@ -29,14 +29,43 @@ const TOKEN_PREFIX: &str = "redisson_lock_token";
 /// remembers the highest token it has seen and refuses writes that carry a lower one.
 ///
 /// ```no_run
-/// # async fn run(client: redbaton::Client) -> redbaton::Result<()> {
-/// let lock = client.fenced_lock("invoice:7");
-/// let guard = lock.lock().await?;
-/// let token = guard.token();
-/// // storage.write_if_token_at_least(token, data) — the store refuses older tokens.
-/// # let _ = token;
-/// guard.unlock().await?;
-/// # Ok(()) }
+/// use std::time::Duration;
+/// use redbaton::fred::{self, interfaces::LuaInterface}; // fred 10, re-exported: no version to match
+///
+/// /// The store's side (here a Redis script): write only with a token at least as high as the
+/// /// highest one seen. Any store that can compare and set works.
+/// const GUARDED_WRITE: &str = "
+///     local highest = tonumber(redis.call('get', KEYS[1]) or '0')
+///     if tonumber(ARGV[1]) < highest then return 0 end
+///     redis.call('set', KEYS[1], ARGV[1])
+///     redis.call('set', KEYS[2], ARGV[2])
+///     return 1";
+///
+/// async fn write(store: &fred::clients::Client, token: u64, value: &str) -> bool {
+///     let keys = vec!["store:invoice:7:token", "store:invoice:7"];
+///     let args = vec![token.to_string(), value.to_owned()];
+///     store.eval::<i64, _, _, _>(GUARDED_WRITE, keys, args).await.is_ok_and(|n| n == 1)
+/// }
+///
+/// #[tokio::main]
+/// async fn main() -> redbaton::Result<()> {
+///     let a = redbaton::Client::connect("redis://127.0.0.1:6379").await?;
+///     let b = redbaton::Client::connect("redis://127.0.0.1:6379").await?;
+///     let store = a.redis();
+///
+///     let first = a.fenced_lock("invoice:7").lock_with_lease(Duration::from_millis(500)).await?;
+///     assert!(write(store, first.token(), "draft by A").await);
+///     // A pauses past its lease; B gets the lock, with a higher token.
+///     let second = b.fenced_lock("invoice:7").lock().await?;
+///     assert!(second.token() > first.token());
+///     assert!(write(store, second.token(), "final by B").await);
+///     // A resumes and writes as if it still held the lock: the store refuses the stale token.
+///     assert!(!write(store, first.token(), "late write by A").await);
+///     assert!(first.is_lost()); // its guard knew: check `lost()` before writing
+///     second.unlock().await?;
+///     a.shutdown().await?;
+///     b.shutdown().await
+/// }
 /// ```
 ///
 /// # Wire format
@@ -89,13 +118,13 @@ impl FencedLock {
     /// Nothing is taken; dropping the future leaves no subscription behind.
     /// See [`Lock::wait_until_free`](crate::Lock::wait_until_free) for the recipe.
     pub async fn wait_until_free(&self) -> Result<()> {
-        crate::acquire::free::until_free(self, None).await.map(drop)
+        crate::engine::free::until_free(self, None).await.map(drop)
     }
 
     /// [`wait_until_free`](Self::wait_until_free), for at most `wait`: `true` once the lock
     /// is free, `false` when the wait ran out first.
     pub async fn wait_until_free_for(&self, wait: std::time::Duration) -> Result<bool> {
-        crate::acquire::free::until_free(self, Some(wait)).await
+        crate::engine::free::until_free(self, Some(wait)).await
     }
 
     pub(crate) fn new(client: Arc<ClientInner>, name: &str) -> FencedLock {

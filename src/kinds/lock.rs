@@ -7,11 +7,11 @@ use fred::types::Value;
 use futures::future::BoxFuture;
 
 use crate::conn::{lua_script, Ack, Call, Conn};
-use crate::holds::{HoldOps, Renewal};
-use crate::hub::Wake;
+use crate::engine::client_inner::ClientInner;
+use crate::engine::holds::{HoldOps, Renewal};
+use crate::engine::hub::Wake;
 use crate::kinds::{acquire_methods, decode_counted, prefix_name, Kind, Named, Reply, Sealed};
 use crate::owner::Owner;
-use crate::shared::ClientInner;
 use crate::Result;
 
 lua_script!(ACQUIRE, "lock/acquire.lua");
@@ -41,30 +41,13 @@ pub(crate) const UNLOCK_MESSAGE: &str = "0";
 /// # One holder means one holder
 ///
 /// Every acquisition is a new owner (a fresh number from the client, see [`Owner`]) unless it
-/// is made inside a hold's *scope*: while the future given to [`run`](Lock::run) or
-/// [`Guard::run`](crate::Guard::run) is polled, an acquire of the same lock re-enters that
-/// hold, and [`Guard::reenter`](crate::Guard::reenter) does so without a closure. Each
-/// re-entry must be released. The owner is **not** the tokio task: futures polled together in
-/// one task (`join!`, `select!`, `FuturesUnordered`, `for_each_concurrent`) exclude each other
-/// like separate tasks, as with `tokio::sync::Mutex`:
-///
-/// ```no_run
-/// # async fn run(lock: redbaton::Lock) -> redbaton::Result<()> {
-/// let section = || async {
-///     let guard = lock.lock().await?; // one at a time, though both run in this task
-///     guard.unlock().await
-/// };
-/// let (a, b) = tokio::join!(section(), section());
-/// a?;
-/// b?;
-/// # Ok(()) }
-/// ```
-///
-/// Unlike `tokio::sync::Mutex`, the lock is re-entrant — but only by scope. A second `lock()`
-/// beside a guard still held, outside its scope, is another owner and waits for that guard
-/// (for ever, if the code waiting is the code keeping it): `try_lock` then returns `None`, and
-/// `lock()` logs a warning naming the fix. A re-entry never shortens the lock's expiry,
-/// whatever lease it asks for: a hold ends with the longest lease among the owner's holds.
+/// is made inside a hold's *scope* — the future given to [`run`](Lock::run) or
+/// [`Guard::run`](crate::Guard::run), or explicitly with
+/// [`Guard::reenter`](crate::Guard::reenter) — and each re-entry must be released. The owner
+/// is **not** the tokio task: futures polled together in one task exclude each other like
+/// separate tasks. The [crate docs](crate#one-holder-means-one-holder) explain the rule, with
+/// an example. A re-entry never shortens the lock's expiry, whatever lease it asks for: a hold
+/// ends with the longest lease among the owner's holds.
 ///
 /// Waiting costs Redis almost nothing: a waiter subscribes to the lock's channel through the
 /// client's shared subscriber, re-checks once, and parks until an unlock message wakes it —
@@ -334,13 +317,13 @@ impl Lock {
     /// # let _ = report; Ok(()) }
     /// ```
     pub async fn wait_until_free(&self) -> Result<()> {
-        crate::acquire::free::until_free(self, None).await.map(drop)
+        crate::engine::free::until_free(self, None).await.map(drop)
     }
 
     /// [`wait_until_free`](Self::wait_until_free), for at most `wait`: `true` once the lock
     /// is free, `false` when the wait ran out first (`Duration::ZERO` looks once).
     pub async fn wait_until_free_for(&self, wait: Duration) -> Result<bool> {
-        crate::acquire::free::until_free(self, Some(wait)).await
+        crate::engine::free::until_free(self, Some(wait)).await
     }
 
     pub(crate) fn new(client: Arc<ClientInner>, name: &str) -> Lock {
