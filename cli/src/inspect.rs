@@ -183,15 +183,13 @@ impl Inspected {
 pub async fn status(url: &str, args: StatusArgs) -> Result<u8, Failure> {
     crate::check_name(&args.name)?;
     let client = crate::connect(url, &args.key, redbaton::DEFAULT_WATCHDOG_LEASE).await?;
-    let semaphore = match Semaphore::read(&client, &args.name).await {
-        Ok(found) => found,
-        Err(e) => {
-            let _ = client.shutdown().await;
-            return Err(e.into());
-        }
-    };
-    if let Some(semaphore) = semaphore {
-        let _ = client.shutdown().await;
+    let shown = show_status(&client, &args).await;
+    let _ = client.shutdown().await;
+    shown
+}
+
+async fn show_status(client: &Client, args: &StatusArgs) -> Result<u8, Failure> {
+    if let Some(semaphore) = Semaphore::read(client, &args.name).await? {
         if args.json {
             println!("{}", semaphore.json(&args.name));
         } else {
@@ -199,12 +197,9 @@ pub async fn status(url: &str, args: StatusArgs) -> Result<u8, Failure> {
         }
         return Ok(if semaphore.in_use() { YES } else { NO });
     }
-    let found = Inspected::read(&client, &args.name).await;
-    let key = client.lock(&args.name).key().to_owned();
-    let _ = client.shutdown().await;
-    let found = found?;
+    let found = Inspected::read(client, &args.name).await?;
     if args.json {
-        println!("{}", found.json(&args.name, &key));
+        println!("{}", found.json(&args.name, client.lock(&args.name).key()));
     } else {
         print!("{}", found.text(&args.name));
     }
@@ -215,30 +210,23 @@ pub async fn unlock(url: &str, args: UnlockArgs) -> Result<u8, Failure> {
     debug_assert!(args.force, "clap requires --force");
     crate::check_name(&args.name)?;
     let client = crate::connect(url, &args.key, redbaton::DEFAULT_WATCHDOG_LEASE).await?;
-    let semaphore = match Semaphore::read(&client, &args.name).await {
-        Ok(found) => found,
-        Err(e) => {
-            let _ = client.shutdown().await;
-            return Err(e.into());
-        }
-    };
-    if let Some(semaphore) = semaphore {
-        let released = semaphore.release_all(&client, &args.name).await;
-        let _ = client.shutdown().await;
-        return released;
-    }
-    let deleted = force_unlock(&client, &args.name).await;
+    let done = force(&client, &args.name).await;
     let _ = client.shutdown().await;
-    match deleted? {
+    done
+}
+
+/// `unlock --force`: a leased semaphore's permits released, or the lock deleted.
+async fn force(client: &Client, name: &str) -> Result<u8, Failure> {
+    if let Some(semaphore) = Semaphore::read(client, name).await? {
+        return semaphore.release_all(client, name).await;
+    }
+    match force_unlock(client, name).await? {
         Some(kind) => {
-            eprintln!(
-                "redbaton: {kind} {:?} deleted; its waiters were woken",
-                args.name
-            );
+            eprintln!("redbaton: {kind} {name:?} deleted; its waiters were woken");
             Ok(YES)
         }
         None => {
-            eprintln!("redbaton: lock {:?} was not held", args.name);
+            eprintln!("redbaton: lock {name:?} was not held");
             Ok(NO)
         }
     }
