@@ -250,3 +250,23 @@ async fn a_command_timeout_near_a_third_of_the_lease_is_warned_about() {
     fine.shutdown().await.unwrap();
     risky.shutdown().await.unwrap();
 }
+
+/// What the `Client` docs promise for a client dropped without `shutdown()` while the runtime
+/// runs on: its dropped guard's release, a background task, still frees the lock at once —
+/// not after the lease (issue 39 item 4; only a runtime that ends first leaves it held).
+#[tokio::test]
+async fn a_client_dropped_with_its_guard_frees_the_lock_while_the_runtime_runs() {
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let client = client(&server).await;
+    let guard = client.lock("dropped").lock().await.unwrap();
+    drop(guard);
+    drop(client);
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            raw.exists::<i64, _>("dropped").await.unwrap() == 0
+        })
+        .await,
+        "the lock is still held after the client and its guard were dropped"
+    );
+}
