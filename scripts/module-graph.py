@@ -9,6 +9,13 @@ name the crate root re-exports (`crate::Lock`, `crate::Error`) is an edge to the
 defines it, found from lib.rs's `pub use` and `pub type` lines. Prints each module's
 dependencies, then each circle (a strongly connected set of modules) with the lines that make
 its edges. Exits 1 when there is a circle, so CI can keep the graph one-way.
+
+It also checks the layers (docs/DESIGN.md, "Where things live"): the facade (`client`) over
+the kinds, over the engine, over the connection, over the floor (settings, errors, owners,
+metrics). A module imports only from the layers below its own (the floor's modules among
+themselves too); and only the connection (and the facade, which builds it) touches fred's
+command API — its clients, interfaces, `CustomCommand` — so every round trip goes through
+`conn`. Exits 1 on a breach, naming its lines.
 """
 
 import re
@@ -114,6 +121,45 @@ def root_names(lib_code, modules):
     return names
 
 
+# Layer of each top-level module: a module may import from higher numbers only (the floor,
+# layer 4, from itself too).
+LAYERS = {"client": 0, "kinds": 1, "engine": 2, "conn": 3,
+          "config": 4, "error": 4, "metrics": 4, "owner": 4}
+FLOOR = 4
+# fred's command API: only these modules may name it.
+FRED_API = re.compile(r"\bfred::(?:clients|interfaces|prelude)\b|\bCustomCommand\b|\bClientLike\b")
+FRED_API_ALLOWED = {"conn", "client"}
+# Modules still reaching fred's command API on their own, each with the reason; none should
+# stay here for long.
+FRED_API_EXCEPTIONS = {"engine/hub.rs": "the hub drives its subscriber connection itself"}
+
+
+def layer_breaches(edges):
+    """(module, dependency, lines) for every import that does not run downwards."""
+    breaches = []
+    for here, deps in edges.items():
+        for dep, lines in deps.items():
+            a, b = LAYERS.get(here), LAYERS.get(dep)
+            if a is None or b is None:
+                breaches.append((here, dep, ["module missing from LAYERS"]))
+            elif not (b > a or (a == FLOOR and b == FLOOR)):
+                breaches.append((here, dep, lines))
+    return breaches
+
+
+def fred_breaches(codes):
+    """file:line of every use of fred's command API outside the modules allowed it."""
+    found = []
+    for f, code in codes.items():
+        if module_of(f) in FRED_API_ALLOWED or module_of(f) == "lib":
+            continue
+        if str(f.relative_to(SRC)) in FRED_API_EXCEPTIONS:
+            continue
+        for m in FRED_API.finditer(code):
+            found.append(f"{f}:{code.count(chr(10), 0, m.start()) + 1}: {m.group()}")
+    return found
+
+
 def main():
     files = sorted(SRC.rglob("*.rs"))
     codes = {f: code_of(f.read_text()) for f in files}
@@ -163,9 +209,20 @@ def main():
         if v not in index:
             visit(v)
 
+    failed = 0
+    breaches = layer_breaches(edges)
+    for here, dep, lines in breaches:
+        print(f"layer breach: {here} -> {dep}: {', '.join(lines)}")
+    fred = fred_breaches(codes)
+    for line in fred:
+        print(f"fred's command API outside conn: {line}")
+    if breaches or fred:
+        failed = 1
+    else:
+        print("layers: every import runs downwards; fred's command API only in conn")
     if not circles:
         print("circles: none")
-        return 0
+        return failed
     for circle in circles:
         print(f"circle of {len(circle)}: {' '.join(circle)}")
         for a in circle:

@@ -8,9 +8,9 @@ use fred::prelude::{Builder as FredBuilder, Config as FredConfig, ReconnectPolic
 use fred::types::config::TcpConfig;
 
 use crate::config::{redact_url, Builder, Config};
-use crate::conn::{Composite, Conn};
+use crate::conn::{Composite, Conn, Replicas, UserRedis};
 use crate::engine::call::{bounded, CALL_BOUND};
-use crate::engine::client_inner::{ClientInner, UserRedis};
+use crate::engine::client_inner::ClientInner;
 use crate::engine::holds::{Holds, Loss};
 use crate::engine::hub::Hub;
 use crate::engine::watchdog::Watchdog;
@@ -360,6 +360,7 @@ impl Client {
     /// The SHA1 of the composite script a group's scripts of one slot travel in (one
     /// `EVALSHA` of it runs several scripts). For tests that count the scripts a server ran;
     /// not part of the stable API.
+    #[cfg(feature = "test-hooks")]
     #[doc(hidden)]
     pub fn composite_sha1() -> &'static str {
         COMPOSITE.script.sha1()
@@ -453,7 +454,7 @@ impl Client {
                 return None;
             }
             // Only this client's holds: another client may hold the same owner too.
-            let released = bounded(entry.ops.release(conn, &entry.field, guards, 0), conn).await;
+            let released = bounded(entry.ops.release(conn, &entry.field, guards, 0, Replicas::Await), conn).await;
             drop(turn);
             match released {
                 Ok(_) => {

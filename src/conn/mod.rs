@@ -27,8 +27,9 @@
 
 mod composite;
 mod group;
+mod pubsub;
+mod user;
 
-use std::cell::Cell;
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
@@ -50,6 +51,7 @@ use crate::error::{is_noscript, is_redirect, is_rewrite, is_tryagain, is_unblock
 use crate::Error;
 pub(crate) use composite::Composite;
 use group::Groups;
+pub(crate) use user::UserRedis;
 
 /// A Lua script of the crate: its text, compiled into the binary, and its SHA1.
 pub(crate) type LuaScript = LazyLock<Script>;
@@ -85,7 +87,7 @@ const REPLICA_SCAN: Duration = Duration::from_secs(1);
 
 /// Why a counted call produced no usable reply.
 #[derive(Debug)]
-pub enum Failed {
+pub(crate) enum Failed {
     /// The script certainly did not run: the server refused it before running it (an error
     /// reply), or it was never sent.
     NotRun(FredError),
@@ -140,24 +142,21 @@ impl std::fmt::Display for Failed {
     }
 }
 
-thread_local! {
-    /// Set while [`unsynced`] builds calls.
-    static UNSYNCED: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Builds, with `build`, counted calls that send no `WAIT`: for a release that undoes an
-/// acquire which did not count. Nobody acts on that release's acknowledgement (the replicas
-/// get it in order with the acquire, or the acquire's lease ends it), and awaiting one would
-/// make a refusal cost a second acknowledgement timeout.
-pub(crate) fn unsynced<T>(build: impl FnOnce() -> T) -> T {
-    let was = UNSYNCED.replace(true);
-    let built = build();
-    UNSYNCED.set(was);
-    built
+/// Whether a counted call's write waits for the replicas' acknowledgement (where replica
+/// sync asks for one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Replicas {
+    /// Followed by `WAIT` where replica sync asks for it: what every call that counts does.
+    Await,
+    /// No `WAIT`: for a release that undoes an acquire which did not count. Nobody acts on
+    /// that release's acknowledgement (the replicas get it in order with the acquire, or the
+    /// acquire's lease ends it), and awaiting one would make a refusal cost a second
+    /// acknowledgement timeout.
+    Skip,
 }
 
 /// The round trip of a counted script: `'static`, so it can outlive its caller.
-pub type Call = Pin<Box<dyn Future<Output = Result<Value, Failed>> + Send>>;
+pub(crate) type Call = Pin<Box<dyn Future<Output = Result<Value, Failed>> + Send>>;
 
 /// What an idempotent script's `WAIT` said.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -188,7 +187,7 @@ pub(crate) struct Wait {
 }
 
 /// The command connection, shared by everything of one client.
-pub struct Conn {
+pub(crate) struct Conn {
     redis: fred::clients::Client,
     clustered: bool,
     command_timeout: Duration,
@@ -289,6 +288,35 @@ impl Conn {
     /// The fred client.
     pub(crate) fn redis(&self) -> &fred::clients::Client {
         &self.redis
+    }
+
+    /// Closes the connection (errors are the caller's to log).
+    pub(crate) async fn quit(&self) -> Result<(), FredError> {
+        self.redis.quit().await
+    }
+
+    /// Where the client connects, as its settings say, without asking a server: the database,
+    /// the Sentinel service name (empty for other deployments), and `host:port` of every
+    /// server its URL names (lower-case host).
+    pub(crate) fn endpoints(&self) -> (u8, String, Vec<(String, u16)>) {
+        use fred::types::config::ServerConfig;
+        let config = self.redis.client_config();
+        let endpoint = |s: &Server| (s.host.to_lowercase(), s.port);
+        let (service, endpoints) = match &config.server {
+            ServerConfig::Centralized { server } => (String::new(), vec![endpoint(server)]),
+            ServerConfig::Clustered { hosts, .. } => {
+                (String::new(), hosts.iter().map(endpoint).collect())
+            }
+            ServerConfig::Sentinel {
+                hosts,
+                service_name,
+                ..
+            } => (service_name.clone(), hosts.iter().map(endpoint).collect()),
+            // Unix sockets (a fred feature redbaton does not enable): never matched.
+            #[allow(unreachable_patterns)]
+            _ => (String::new(), Vec::new()),
+        };
+        (config.database.unwrap_or(0), service, endpoints)
     }
 
     /// The longest one round trip may take.
@@ -428,6 +456,17 @@ impl Conn {
     /// running it (NOSCRIPT, MOVED, ASK, TRYAGAIN; see the module's page), for up to a command
     /// timeout; never re-sent otherwise. Followed by `WAIT` where replica sync asks for it.
     pub(crate) fn call(&self, script: &'static LuaScript, keys: &[&str], args: Vec<Value>) -> Call {
+        self.call_with(script, keys, args, Replicas::Await)
+    }
+
+    /// [`call`](Conn::call), followed by `WAIT` only if `replicas` says so.
+    pub(crate) fn call_with(
+        &self,
+        script: &'static LuaScript,
+        keys: &[&str],
+        args: Vec<Value>,
+        replicas: Replicas,
+    ) -> Call {
         let command = evalsha_args(script, keys, args);
         // The slot, not the key, is what routing and `WAIT` need: no copy of the key is kept.
         let slot = self.slot(keys);
@@ -435,7 +474,7 @@ impl Conn {
         let groups = self.groups.clone();
         let redis = self.redis.clone();
         let retry_for = self.command_timeout;
-        let synced = !UNSYNCED.get();
+        let synced = replicas == Replicas::Await;
         Box::pin(async move {
             // No timeout of fred's: a timed-out command that was still queued would be
             // skipped, and one already written would have its reply thrown away; either way

@@ -29,7 +29,7 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::conn::{Call, Conn, LuaScript};
+use crate::conn::{Call, Conn, LuaScript, Replicas};
 use crate::metrics::{ClientMetrics, HoldMetrics};
 
 mod entry;
@@ -71,14 +71,15 @@ impl Lease {
 pub(crate) type Renewal = &'static LuaScript;
 
 /// What a lock kind does to one of its holds outside the acquire loop.
-pub trait HoldOps: Send + Sync + 'static {
+pub(crate) trait HoldOps: Send + Sync + 'static {
     /// The lock's name, for errors and logs.
     fn name(&self) -> &str;
     /// The kind of lock, as metrics label it (see [`crate::metrics`]).
     fn kind(&self) -> &'static str;
-    /// Releases up to `max` holds of `field`, keeping at least `keep`: the release script.
-    /// Its reply is `-1` (not held), `0` (released) or the owner's remaining count.
-    fn release(&self, conn: &Conn, field: &str, max: u32, keep: u32) -> Call;
+    /// Releases up to `max` holds of `field`, keeping at least `keep`: the release script,
+    /// its write acknowledged by the replicas as `replicas` says. Its reply is `-1` (not
+    /// held), `0` (released) or the owner's remaining count.
+    fn release(&self, conn: &Conn, field: &str, max: u32, keep: u32, replicas: Replicas) -> Call;
     /// How the watchdog renews this kind's holds.
     fn renewal(&self) -> Renewal;
     /// Whether a hold's key can outlive the hold's lease because other holds share the key's

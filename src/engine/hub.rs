@@ -40,7 +40,7 @@ use crate::engine::baton::{Claim, Queue};
 use crate::engine::holds::{Entry, Holds};
 pub(crate) mod wake_state;
 
-pub use wake_state::Wake;
+pub(crate) use wake_state::Wake;
 use wake_state::{TakenWakeUp, Wakes};
 
 /// One channel as seen by this process.

@@ -6,21 +6,15 @@
 
 use std::ops::Range;
 use std::sync::Arc;
-use std::time::Duration;
 
-use fred::types::Value;
-
-use crate::conn::{Call, Conn};
 use crate::engine::client_inner::ClientInner;
-use crate::engine::holds::HoldOps;
-use crate::engine::hub::Wake;
 use crate::{Error, Result};
 
 /// The longest lock name accepted.
 pub const MAX_NAME_LEN: usize = 64 * 1024;
 
 /// What every lock handle has: the client, the Redis key, and where the name is in the key.
-pub struct Named {
+pub(crate) struct Named {
     pub(crate) client: Arc<ClientInner>,
     pub(crate) key: Arc<str>,
     /// The lock's name is `key[name]`: the name is not kept apart, since every parked waiter
@@ -178,7 +172,7 @@ fn joined(parts: &[&str]) -> Arc<str> {
 
 /// What an acquire script said.
 #[derive(Debug)]
-pub enum Reply<E> {
+pub(crate) enum Reply<E> {
     /// Acquired: the owner's count is now `count` (1 for a fresh hold); `extra` is what the
     /// kind hands out besides (the fenced lock's token).
     Acquired {
@@ -194,11 +188,102 @@ pub enum Reply<E> {
     TooFew(u64),
 }
 
-/// Keeps [`Kind`] implemented by the crate's own types only: the engine relies on each
-/// kind's scripts and wire format, so a kind from outside could not keep its promises.
-pub(crate) mod sealed {
-    /// The private supertrait of [`Kind`](super::Kind).
-    pub trait Sealed {}
+/// What the engine asks of a kind, kept out of reach: the supertrait of [`Kind`] lives in a
+/// private module, so outside code can neither implement `Kind` (the engine relies on each
+/// kind's scripts and wire format) nor call these hooks (they run scripts and read replies
+/// the engine must see).
+pub(crate) mod hooks {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use fred::types::Value;
+
+    use super::{Named, Reply};
+    use crate::conn::{Call, Conn};
+    use crate::engine::holds::HoldOps;
+    use crate::engine::hub::Wake;
+    use crate::Result;
+
+    /// The engine's hooks of a [`Kind`](super::Kind).
+    #[allow(private_interfaces)] // sealed: nameable only inside the crate
+    pub trait Hooks: Clone {
+        /// What a guard of this kind carries besides its hold (`()`, or the fenced lock's token).
+        type Extra: Copy + Send + Sync + std::fmt::Debug + 'static;
+
+        /// The lock's name, key and client.
+        fn named(&self) -> &Named;
+
+        /// The explicit owner of this handle, if any (else the owner of the enclosing hold's
+        /// scope, or a new one).
+        fn explicit_owner(&self) -> Option<&Arc<str>>;
+
+        /// The hash field for the owner field `owner` (the write lock appends `:write`).
+        fn field(&self, owner: Arc<str>) -> Arc<str> {
+            owner
+        }
+
+        /// The owner part of a hash field made by [`field`](Hooks::field).
+        fn owner_part<'a>(&self, field: &'a str) -> &'a str {
+            field
+        }
+
+        /// The channel a waiter with `field` listens on, and how its messages wake.
+        fn channel(&self, field: &Arc<str>) -> (Arc<str>, Wake);
+
+        /// The acquire script for `field` with `lease_ms`. `waits`: the caller will wait if it is
+        /// refused (the fair lock queues such a caller).
+        fn acquire(&self, conn: &Conn, field: &str, lease_ms: i64, waits: bool) -> Call;
+
+        /// Reads the acquire script's reply.
+        fn decode(&self, reply: Value) -> Result<Reply<Self::Extra>>;
+
+        /// Release and renewal of this kind's holds.
+        fn ops(&self) -> Arc<dyn HoldOps>;
+
+        /// What a waiter that gives up (timeout, cancellation, error) leaves behind to undo, as a
+        /// call to run (the fair lock leaves its queue). Most kinds leave nothing. The engine runs
+        /// it under the owner's turn, so after any attempt of the owner still in flight.
+        fn give_up(&self, _conn: &Conn, _field: &str) -> Option<Call> {
+            None
+        }
+
+        /// Whether a hold of this kind released by its owner's last guard may be passed to a
+        /// parked waiter of the same client (see [`crate::engine::baton`]); such a kind supplies
+        /// [`pass`](Hooks::pass).
+        const PASSES: bool = false;
+
+        /// The baton pass: one script that releases `field`'s hold if it is the last and, while
+        /// no other client listens on the lock's channel, gives the lock to `next` with
+        /// `lease_ms` (replying `-2`); otherwise it acts as the release script. With it, what the
+        /// passed guard carries. Only kinds with [`PASSES`](Hooks::PASSES) supply it.
+        fn pass(
+            &self,
+            _conn: &Conn,
+            _field: &str,
+            _next: &str,
+            _lease_ms: i64,
+        ) -> Option<(Call, Self::Extra)> {
+            None
+        }
+
+        /// How many subscribers the lock's channel has (this client's own among them), read in
+        /// the background for the local hand-off (see [`crate::engine::baton`]). Only kinds with
+        /// [`PASSES`](Hooks::PASSES) supply it. (It takes the connection, which outside code
+        /// cannot name, so that nothing outside can run it through a generic `K: Kind`.)
+        fn listeners(
+            &self,
+            _conn: &Arc<Conn>,
+        ) -> Option<futures::future::BoxFuture<'static, Result<i64>>> {
+            None
+        }
+
+        /// The handle one acquire call works with, given how long it waits (`None`: no deadline;
+        /// `Some(ZERO)`: one attempt): its attempts, give-up and guard use it. The fair lock
+        /// queues with the wait, and must give up with the same. Most kinds ignore it.
+        fn waiting(&self, _wait: Option<Duration>) -> Self {
+            self.clone()
+        }
+    }
 }
 
 /// What every lock and semaphore handle is to the engine: [`Lock`](crate::Lock),
@@ -207,8 +292,9 @@ pub(crate) mod sealed {
 /// [`LeasedSemaphore`](crate::LeasedSemaphore). A [`Guard<K>`](crate::Guard) is a hold of a
 /// `K`.
 ///
-/// It is named here so that code can be generic over guards; it is sealed (its supertrait is
-/// private), so only this crate implements it, and its hooks are not for callers.
+/// It is named here so that code can be generic over guards. It is sealed: what the engine
+/// asks of a kind (its scripts, channel, replies) lives in a private supertrait, so only this
+/// crate implements it and nothing outside can call those hooks.
 ///
 /// ```no_run
 /// use redbaton::{Guard, Kind};
@@ -230,95 +316,9 @@ pub(crate) mod sealed {
 /// under(client.read_write_lock("c").write().lock().await?, async {}).await?;
 /// # Ok(()) }
 /// ```
-pub trait Kind: sealed::Sealed + Clone + Send + Sync + 'static {
+pub trait Kind: hooks::Hooks + Clone + Send + Sync + 'static {
     /// The kind's name: its `kind` label in metrics (see the `metrics` feature).
     const KIND: &'static str;
-
-    /// What a guard of this kind carries besides its hold (`()`, or the fenced lock's token).
-    type Extra: Copy + Send + Sync + std::fmt::Debug + 'static;
-
-    #[doc(hidden)]
-    /// The lock's name, key and client.
-    fn named(&self) -> &Named;
-
-    #[doc(hidden)]
-    /// The explicit owner of this handle, if any (else the owner of the enclosing hold's
-    /// scope, or a new one).
-    fn explicit_owner(&self) -> Option<&Arc<str>>;
-
-    #[doc(hidden)]
-    /// The hash field for the owner field `owner` (the write lock appends `:write`).
-    fn field(&self, owner: Arc<str>) -> Arc<str> {
-        owner
-    }
-
-    #[doc(hidden)]
-    /// The owner part of a hash field made by [`field`](Kind::field).
-    fn owner_part<'a>(&self, field: &'a str) -> &'a str {
-        field
-    }
-
-    #[doc(hidden)]
-    /// The channel a waiter with `field` listens on, and how its messages wake.
-    fn channel(&self, field: &Arc<str>) -> (Arc<str>, Wake);
-
-    #[doc(hidden)]
-    /// The acquire script for `field` with `lease_ms`. `waits`: the caller will wait if it is
-    /// refused (the fair lock queues such a caller).
-    fn acquire(&self, conn: &Conn, field: &str, lease_ms: i64, waits: bool) -> Call;
-
-    #[doc(hidden)]
-    /// Reads the acquire script's reply.
-    fn decode(&self, reply: Value) -> Result<Reply<Self::Extra>>;
-
-    #[doc(hidden)]
-    /// Release and renewal of this kind's holds.
-    fn ops(&self) -> Arc<dyn HoldOps>;
-
-    #[doc(hidden)]
-    /// What a waiter that gives up (timeout, cancellation, error) leaves behind to undo, as a
-    /// call to run (the fair lock leaves its queue). Most kinds leave nothing. The engine runs
-    /// it under the owner's turn, so after any attempt of the owner still in flight.
-    fn give_up(&self, _conn: &Conn, _field: &str) -> Option<Call> {
-        None
-    }
-
-    #[doc(hidden)]
-    /// Whether a hold of this kind released by its owner's last guard may be passed to a
-    /// parked waiter of the same client (see [`crate::engine::baton`]); such a kind supplies
-    /// [`pass`](Kind::pass).
-    const PASSES: bool = false;
-
-    #[doc(hidden)]
-    /// The baton pass: one script that releases `field`'s hold if it is the last and, while
-    /// no other client listens on the lock's channel, gives the lock to `next` with
-    /// `lease_ms` (replying `-2`); otherwise it acts as the release script. With it, what the
-    /// passed guard carries. Only kinds with [`PASSES`](Kind::PASSES) supply it.
-    fn pass(
-        &self,
-        _conn: &Conn,
-        _field: &str,
-        _next: &str,
-        _lease_ms: i64,
-    ) -> Option<(Call, Self::Extra)> {
-        None
-    }
-
-    #[doc(hidden)]
-    /// How many subscribers the lock's channel has (this client's own among them), read in
-    /// the background for the local hand-off (see [`crate::engine::baton`]). Only kinds with
-    /// [`PASSES`](Kind::PASSES) supply it.
-    fn listeners(&self) -> Option<futures::future::BoxFuture<'static, Result<i64>>> {
-        None
-    }
-
-    #[doc(hidden)]
-    /// The handle one acquire call works with, given how long it waits (`None`: no deadline;
-    /// `Some(ZERO)`: one attempt): its attempts, give-up and guard use it. The fair lock
-    /// queues with the wait, and must give up with the same. Most kinds ignore it.
-    fn waiting(&self, _wait: Option<Duration>) -> Self {
-        self.clone()
-    }
 }
 
 /// `prefix:{name}`, or `prefix:name` when the name already has a `{` (Redisson's

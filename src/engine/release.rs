@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use crate::conn::{Conn, Failed};
+use crate::conn::{Conn, Failed, Replicas};
 use crate::engine::baton::{Claim, LOCAL_RUN_FOR};
 use crate::engine::call::bounded;
 use crate::engine::guard::{Guard, Hold};
@@ -44,7 +44,7 @@ pub(crate) async fn release<K: Kind>(kind: K, hold: Hold, extra: K::Extra) -> Re
         }
         Route::Lost => return Err(lost(&kind, &ops, turn)),
         Route::Pass(passing, call) => (Some(passing), call),
-        Route::Release => (None, ops.release(conn, &hold.field, 1, 0)),
+        Route::Release => (None, ops.release(conn, &hold.field, 1, 0, Replicas::Await)),
     };
     let sent_at = Instant::now();
     let mut outcome = bounded(call, conn).await;
@@ -53,7 +53,7 @@ pub(crate) async fn release<K: Kind>(kind: K, hold: Hold, extra: K::Extra) -> Re
             AfterPass::Done => return Ok(()),
             AfterPass::Released => {}
             AfterPass::Refused => {
-                outcome = bounded(ops.release(conn, &hold.field, 1, 0), conn).await
+                outcome = bounded(ops.release(conn, &hold.field, 1, 0, Replicas::Await), conn).await
             }
         }
     }
@@ -256,7 +256,7 @@ fn hand_on<K: Kind>(kind: &K, hold: &Hold, turn: &Turn, claim: Claim, extra: K::
         }
         HandOn::NotLocal => return Handing::Script(claim),
     };
-    if let (Some(queue), Some(count)) = (claim.count_due(), kind.listeners()) {
+    if let (Some(queue), Some(count)) = (claim.count_due(), kind.listeners(conn)) {
         let name = kind.named().name().to_owned();
         conn.runtime().spawn(async move {
             match count.await {

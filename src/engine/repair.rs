@@ -11,7 +11,7 @@ use std::time::Duration;
 use fred::types::Value;
 use tokio::time::Instant;
 
-use crate::conn::{Conn, Failed};
+use crate::conn::{Conn, Failed, Replicas};
 use crate::engine::call::bounded;
 use crate::engine::holds::{HoldOps, Loss, Turn};
 
@@ -35,7 +35,7 @@ pub(crate) async fn undo_acquire(
     field: Arc<str>,
     name: String,
 ) {
-    let release = crate::conn::unsynced(|| ops.release(&conn, &field, 1, 0));
+    let release = ops.release(&conn, &field, 1, 0, Replicas::Skip);
     match bounded(release, &conn).await {
         // Unsynced: no replica is asked, so none can be found missing.
         Ok(_) | Err(Failed::Unreplicated { .. }) => {}
@@ -97,7 +97,7 @@ fn trim(conn: Arc<Conn>, turn: Turn, why: Trim) {
         let give_up_at = Instant::now() + conn.command_timeout() * 4;
         loop {
             let keep = turn.accounted();
-            let trim = entry.ops.release(&conn, &entry.field, u32::MAX, keep);
+            let trim = entry.ops.release(&conn, &entry.field, u32::MAX, keep, Replicas::Await);
             match bounded(trim, &conn).await {
                 Ok(reply) => {
                     settled(&turn, keep, &reply, why);
@@ -140,7 +140,7 @@ pub(crate) fn retry_release(
         let give_up_at = Instant::now() + conn.command_timeout() * 4;
         loop {
             tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-            match bounded(ops.release(&conn, &field, 1, 0), &conn).await {
+            match bounded(ops.release(&conn, &field, 1, 0, Replicas::Await), &conn).await {
                 Ok(_) => {
                     tracing::debug!(lock = %name, "release retried successfully");
                     break;

@@ -5,13 +5,13 @@ use std::time::Duration;
 
 use fred::types::Value;
 
-use crate::conn::{lua_script, Ack, Call, Conn, LuaScript};
+use crate::conn::{lua_script, Ack, Call, Conn, LuaScript, Replicas};
 use crate::engine::client_inner::ClientInner;
 use crate::engine::holds::{HoldOps, Renewal};
 use crate::engine::hub::Wake;
-use crate::kinds::lock::{HashLock, RENEW, UNLOCK_MESSAGE};
-use crate::kinds::{acquire_methods, decode_counted, prefix_name, Kind, Named, Reply, Sealed};
-use crate::{Guard, Owner, Result};
+use crate::kinds::lock::{hash_lock_methods, HashLock, RENEW, UNLOCK_MESSAGE};
+use crate::kinds::{acquire_methods, decode_counted, prefix_name, Hooks, Kind, Named, Reply};
+use crate::{Guard, Result};
 
 lua_script!(ACQUIRE, "fair/acquire.lua");
 lua_script!(RELEASE, "fair/release.lua");
@@ -32,7 +32,7 @@ const TIMEOUT_PREFIX: &str = "redisson_lock_timeout";
 ///
 /// It is a [`Lock`](crate::Lock) in everything else: the same five acquire methods,
 /// re-entry inside a hold's scope (every other acquisition is a new owner; an explicit
-/// [`Owner`] names one), the watchdog, [`Guard::lost`], the same cancellation safety.
+/// [`Owner`](crate::Owner) names one), the watchdog, [`Guard::lost`], the same cancellation safety.
 ///
 /// ```no_run
 /// # async fn run() -> redbaton::Result<()> {
@@ -88,6 +88,10 @@ const TIMEOUT_PREFIX: &str = "redisson_lock_timeout";
 /// keeps a dead head *d* longer. When Java services share a fair lock, keep their clocks
 /// synchronised with the Redis server's (NTP) well within `fair_lock_wait`. (After a
 /// failover, the new primary's clock is the one that counts.)
+///
+/// Two calls waiting as one explicit owner ([`with_owner`](FairLock::with_owner)) share one
+/// place in the queue: when one of them gives up, the place is gone for both (the other
+/// queues again at the back on its next try).
 ///
 /// # Wire format
 ///
@@ -149,16 +153,12 @@ impl FairLock {
     }
 
     acquire_methods!(FairLock);
-
-    /// The lock's name as given.
-    pub fn name(&self) -> &str {
-        self.hash().named.name()
-    }
-
-    /// The Redis key of the lock hash (the name after the client's key prefix).
-    pub fn key(&self) -> &str {
-        &self.hash().named.key
-    }
+    hash_lock_methods!(
+        "The prefix of every waiter's channel (`redisson_lock__channel:{key}`, the plain \
+         lock's channel); a waiter listens on `<prefix>:<owner field>` (see \
+         [`waiter_channel`](FairLock::waiter_channel)). Nothing is published on the prefix \
+         itself."
+    );
 
     /// The key of the queue list (`redisson_lock_queue:{key}`).
     pub fn queue_key(&self) -> &str {
@@ -170,16 +170,9 @@ impl FairLock {
         &self.inner.timeouts
     }
 
-    /// The prefix of every waiter's channel (`redisson_lock__channel:{key}`, the plain
-    /// lock's channel); a waiter listens on `<prefix>:<owner field>` (see
-    /// [`waiter_channel`](FairLock::waiter_channel)). Nothing is published on the prefix
-    /// itself.
-    pub fn channel(&self) -> &str {
-        &self.hash().channel
-    }
-
     /// The id of the client this handle belongs to (the first part of its owners' fields).
     /// For tests and diagnostics; not part of the stable API.
+    #[cfg(feature = "test-hooks")]
     #[doc(hidden)]
     pub fn client_id(&self) -> &str {
         &self.named().client.id
@@ -192,55 +185,6 @@ impl FairLock {
     pub fn waiter_channel(&self) -> Option<String> {
         let field = self.named().owner_field(self.owner.as_ref())?;
         Some(format!("{}:{field}", self.hash().channel))
-    }
-
-    /// This handle acting as an explicit `owner`: every acquisition through it is that
-    /// owner's, wherever it runs.
-    ///
-    /// Two calls waiting as one owner share one place in the queue: when one of them gives
-    /// up, the place is gone for both (the other queues again at the back on its next try).
-    pub fn with_owner(&self, owner: Owner) -> Self {
-        Self {
-            inner: self.inner.clone(),
-            owner: Some(owner.to_string().into()),
-            waiting: self.waiting,
-        }
-    }
-
-    /// The owner this handle acts as right now: its explicit owner, else the owner of the
-    /// hold of this lock whose scope the caller runs in (see [`Guard::run`]); `None` outside
-    /// every such scope, where an acquisition is a new owner.
-    pub fn owner(&self) -> Option<Owner> {
-        self.hash().owner(self.owner.as_ref())
-    }
-
-    /// The reentry count of [`owner`](Self::owner) (0 when it does not hold the lock, or
-    /// there is none).
-    pub async fn hold_count(&self) -> Result<u32> {
-        self.hash().hold_count(self.owner.as_ref()).await
-    }
-
-    /// Whether anyone holds the lock.
-    pub async fn is_locked(&self) -> Result<bool> {
-        self.hash().is_locked().await
-    }
-
-    /// Whether [`owner`](Self::owner) holds the lock: with no explicit owner, whether the
-    /// caller runs inside the scope of a hold of it that Redis still has.
-    pub async fn is_held_in_scope(&self) -> Result<bool> {
-        self.hash().is_held_by(self.owner.as_ref()).await
-    }
-
-    /// The former name of [`is_held_in_scope`](Self::is_held_in_scope): a lock's owner is no
-    /// longer its tokio task.
-    #[deprecated(note = "owners are holds' scopes, not tasks: use `is_held_in_scope`")]
-    pub async fn is_held_by_current_task(&self) -> Result<bool> {
-        self.is_held_in_scope().await
-    }
-
-    /// How long the lock's lease has left; `None` when it is not locked.
-    pub async fn remaining_ttl(&self) -> Result<Option<Duration>> {
-        self.hash().remaining_ttl().await
     }
 
     /// The owner fields queued for the lock, the next to be served first. Heads whose
@@ -289,10 +233,12 @@ impl Inner {
     }
 }
 
-impl Sealed for FairLock {}
-
 impl Kind for FairLock {
     const KIND: &'static str = "fair_lock";
+}
+
+#[allow(private_interfaces)] // the hooks name crate-private types: sealed on purpose
+impl Hooks for FairLock {
     type Extra = ();
 
     fn named(&self) -> &Named {
@@ -384,7 +330,7 @@ impl HoldOps for Inner {
         self.hash.kind
     }
 
-    fn release(&self, conn: &Conn, field: &str, max: u32, keep: u32) -> Call {
+    fn release(&self, conn: &Conn, field: &str, max: u32, keep: u32, replicas: Replicas) -> Call {
         let args = vec![
             Value::from(field),
             Value::from(i64::from(max)),
@@ -393,7 +339,7 @@ impl HoldOps for Inner {
             Value::from_static_str(conn.publish_command()),
             Value::from(&*self.hash.channel),
         ];
-        conn.call(&RELEASE, &self.keys(), args)
+        conn.call_with(&RELEASE, &self.keys(), args, replicas)
     }
 
     fn renewal(&self) -> Renewal {

@@ -9,7 +9,7 @@ use crate::engine::client_inner::ClientInner;
 use crate::engine::holds::HoldOps;
 use crate::engine::hub::Wake;
 use crate::kinds::lock::{hash_lock_methods, HashLock};
-use crate::kinds::{acquire_methods, decode_counted, prefix_name, Kind, Named, Reply, Sealed};
+use crate::kinds::{acquire_methods, decode_counted, prefix_name, Hooks, Kind, Named, Reply};
 use crate::{Guard, Result};
 
 lua_script!(ACQUIRE, "fenced/acquire.lua");
@@ -144,7 +144,15 @@ impl FencedLock {
     }
 
     acquire_methods!(FencedLock);
-    hash_lock_methods!();
+    hash_lock_methods!("The channel its unlock messages travel on.");
+
+    /// Deletes the lock whoever holds it and wakes its waiters: `true` when it was held. The
+    /// token counter stays, so tokens keep increasing. The holder's guard then reports
+    /// [`lost`](crate::Guard::lost). A key that is not a lock is refused with
+    /// [`Error::WrongType`](crate::Error::WrongType), never deleted.
+    pub async fn force_unlock(&self) -> Result<bool> {
+        self.hash().force_unlock().await
+    }
 
     /// The latest token handed out on this name (by any holder, in any process), `None`
     /// before the first. A counter that is not a number is an error
@@ -170,10 +178,12 @@ impl Guard<FencedLock> {
     }
 }
 
-impl Sealed for FencedLock {}
-
 impl Kind for FencedLock {
     const KIND: &'static str = "fenced_lock";
+}
+
+#[allow(private_interfaces)] // the hooks name crate-private types: sealed on purpose
+impl Hooks for FencedLock {
     type Extra = u64;
 
     fn named(&self) -> &Named {

@@ -6,14 +6,14 @@ use std::time::Duration;
 
 use fred::types::Value;
 
-use crate::conn::{lua_script, Call, Conn, LuaScript};
+use crate::conn::{lua_script, Call, Conn, LuaScript, Replicas};
 use crate::engine::client_inner::ClientInner;
 use crate::engine::holds::{HoldOps, Lease, Renewal};
 use crate::engine::hub::Wake;
 use crate::kinds::semaphore::{
     add_permits, check_count, check_recheck, set_permits, CHANNEL_PREFIX, DEFAULT_RECHECK_INTERVAL,
 };
-use crate::kinds::{lease_millis, prefix_name, suffix_name, Kind, Named, Reply, Sealed};
+use crate::kinds::{lease_millis, prefix_name, suffix_name, Hooks, Kind, Named, Reply};
 use crate::Guard;
 use crate::{Error, Result};
 
@@ -426,7 +426,9 @@ impl LeasedSemaphore {
         let named = &self.inner.named;
         named.check()?;
         let conn = &named.client.conn;
-        let call = self.inner.release(conn, &id.to_string(), 1, 0);
+        let call = self
+            .inner
+            .release(conn, &id.to_string(), 1, 0, Replicas::Await);
         let reply = crate::engine::call::bounded(call, conn)
             .await
             .map_err(|failed| failed.to_error(conn, named.name()))?;
@@ -668,10 +670,12 @@ impl std::fmt::Debug for LeasedPermit {
     }
 }
 
-impl Sealed for LeasedSemaphore {}
-
 impl Kind for LeasedSemaphore {
     const KIND: &'static str = "leased_semaphore";
+}
+
+#[allow(private_interfaces)] // the hooks name crate-private types: sealed on purpose
+impl Hooks for LeasedSemaphore {
     type Extra = PermitId;
 
     fn named(&self) -> &Named {
@@ -761,7 +765,7 @@ impl HoldOps for Inner {
         LeasedSemaphore::KIND
     }
 
-    fn release(&self, conn: &Conn, field: &str, max: u32, keep: u32) -> Call {
+    fn release(&self, conn: &Conn, field: &str, max: u32, keep: u32, replicas: Replicas) -> Call {
         let args = vec![
             Value::from(field),
             Value::from(i64::from(max)),
@@ -770,7 +774,7 @@ impl HoldOps for Inner {
             Value::from(&*self.channel),
         ];
         let keys = [&*self.counter, &*self.named.key];
-        conn.call(&RELEASE, &keys, args)
+        conn.call_with(&RELEASE, &keys, args, replicas)
     }
 
     fn renewal(&self) -> Renewal {

@@ -6,11 +6,11 @@ use std::time::Duration;
 use fred::types::Value;
 use futures::future::BoxFuture;
 
-use crate::conn::{lua_script, Ack, Call, Conn};
+use crate::conn::{lua_script, Ack, Call, Conn, Replicas};
 use crate::engine::client_inner::ClientInner;
 use crate::engine::holds::{HoldOps, Renewal};
 use crate::engine::hub::Wake;
-use crate::kinds::{acquire_methods, decode_counted, prefix_name, Kind, Named, Reply, Sealed};
+use crate::kinds::{acquire_methods, decode_counted, prefix_name, Hooks, Kind, Named, Reply};
 use crate::owner::Owner;
 use crate::Result;
 
@@ -199,10 +199,11 @@ impl HashLock {
     }
 }
 
-/// The methods of a kind on the RLock hash (`self.inner: Arc<I>` where `I` derefs to a
-/// `HashLock` through `hash()`, `self.owner: Option<Arc<str>>`), documented once.
+/// The methods of a kind on the RLock hash (a `Clone` handle with `self.owner: Option<Arc<str>>`
+/// whose `hash()` is its `HashLock`), documented once; `$channel_doc` says what its
+/// `channel()` is.
 macro_rules! hash_lock_methods {
-    () => {
+    ($channel_doc:literal) => {
         /// The lock's name as given.
         pub fn name(&self) -> &str {
             &self.hash().named.name()
@@ -213,7 +214,7 @@ macro_rules! hash_lock_methods {
             &self.hash().named.key
         }
 
-        /// The channel its unlock messages travel on.
+        #[doc = $channel_doc]
         pub fn channel(&self) -> &str {
             &self.hash().channel
         }
@@ -225,8 +226,8 @@ macro_rules! hash_lock_methods {
         /// a hold whose owner was passed on (the command-line tool's `REDBATON_OWNER`).
         pub fn with_owner(&self, owner: $crate::Owner) -> Self {
             Self {
-                inner: self.inner.clone(),
                 owner: Some(owner.to_string().into()),
+                ..self.clone()
             }
         }
 
@@ -255,23 +256,9 @@ macro_rules! hash_lock_methods {
             self.hash().is_held_by(self.owner.as_ref()).await
         }
 
-        /// The former name of [`is_held_in_scope`](Self::is_held_in_scope): a lock's owner is
-        /// no longer its tokio task.
-        #[deprecated(note = "owners are holds' scopes, not tasks: use `is_held_in_scope`")]
-        pub async fn is_held_by_current_task(&self) -> $crate::Result<bool> {
-            self.is_held_in_scope().await
-        }
-
         /// How long the lock's lease has left; `None` when it is not locked.
         pub async fn remaining_ttl(&self) -> $crate::Result<Option<std::time::Duration>> {
             self.hash().remaining_ttl().await
-        }
-
-        /// Deletes the lock whoever holds it and wakes its waiters: `true` when it was held.
-        /// The holder's guard then reports [`lost`]($crate::Guard::lost). A key that is not a
-        /// lock is refused with [`Error::WrongType`]($crate::Error::WrongType), never deleted.
-        pub async fn force_unlock(&self) -> $crate::Result<bool> {
-            self.hash().force_unlock().await
         }
     };
 }
@@ -338,11 +325,19 @@ impl Lock {
     }
 
     acquire_methods!(Lock);
-    hash_lock_methods!();
+    hash_lock_methods!("The channel its unlock messages travel on.");
+
+    /// Deletes the lock whoever holds it and wakes its waiters: `true` when it was held.
+    /// The holder's guard then reports [`lost`](crate::Guard::lost). A key that is not a lock
+    /// is refused with [`Error::WrongType`](crate::Error::WrongType), never deleted.
+    pub async fn force_unlock(&self) -> Result<bool> {
+        self.hash().force_unlock().await
+    }
 
     /// How many tasks of this client are parked on this lock such that its release would be
     /// passed to one of them (see [`Config::baton_passes`](crate::Config::baton_passes)).
     /// For tests and diagnostics; not part of the stable API.
+    #[cfg(feature = "test-hooks")]
     #[doc(hidden)]
     pub fn passable_waiters(&self) -> usize {
         let named = &self.inner.named;
@@ -352,6 +347,7 @@ impl Lock {
     /// Whether this client's releases of this lock are ordinary ones for now, because
     /// another client was found waiting on it. For tests and diagnostics; not part of the
     /// stable API.
+    #[cfg(feature = "test-hooks")]
     #[doc(hidden)]
     pub fn other_clients_wait(&self) -> bool {
         let named = &self.inner.named;
@@ -362,10 +358,12 @@ impl Lock {
     }
 }
 
-impl Sealed for Lock {}
-
 impl Kind for Lock {
     const KIND: &'static str = "lock";
+}
+
+#[allow(private_interfaces)] // the hooks name crate-private types: sealed on purpose
+impl Hooks for Lock {
     type Extra = ();
 
     fn named(&self) -> &Named {
@@ -395,13 +393,13 @@ impl Kind for Lock {
 
     const PASSES: bool = true;
 
-    fn listeners(&self) -> Option<BoxFuture<'static, Result<i64>>> {
+    fn listeners(&self, conn: &Arc<Conn>) -> Option<BoxFuture<'static, Result<i64>>> {
         let inner = self.inner.clone();
+        let conn = conn.clone();
         Some(Box::pin(async move {
             let named = &inner.named;
-            let conn = &named.client.conn;
             let args = vec![
-                Value::from(count_subscribers(conn)),
+                Value::from(count_subscribers(&conn)),
                 Value::from(&*inner.channel),
             ];
             conn.eval(&LISTENERS, &[&*named.key], args)
@@ -444,7 +442,7 @@ impl HoldOps for HashLock {
         self.kind
     }
 
-    fn release(&self, conn: &Conn, field: &str, max: u32, keep: u32) -> Call {
+    fn release(&self, conn: &Conn, field: &str, max: u32, keep: u32, replicas: Replicas) -> Call {
         let args = vec![
             Value::from(field),
             Value::from(i64::from(max)),
@@ -453,7 +451,7 @@ impl HoldOps for HashLock {
             Value::from_static_str(conn.publish_command()),
             Value::from(&*self.channel),
         ];
-        conn.call(&RELEASE, &[&*self.named.key], args)
+        conn.call_with(&RELEASE, &[&*self.named.key], args, replicas)
     }
 
     fn renewal(&self) -> Renewal {

@@ -14,9 +14,7 @@ use crate::config::{MAX_LEASE, MIN_LEASE};
 use crate::conn::LuaScript;
 use crate::{Error, Result};
 // The kinds take the engine's vocabulary from here with the rest of what they share.
-pub(crate) use crate::engine::kind::{
-    prefix_name, sealed::Sealed, suffix_name, Kind, Named, Reply,
-};
+pub(crate) use crate::engine::kind::{hooks::Hooks, prefix_name, suffix_name, Kind, Named, Reply};
 
 pub(crate) mod fair_lock;
 pub(crate) mod fenced_lock;

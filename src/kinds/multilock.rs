@@ -282,28 +282,11 @@ struct Place<'a> {
 
 impl<'a> Place<'a> {
     fn of<K: Kind>(lock: &'a K) -> Place<'a> {
-        use fred::interfaces::ClientLike;
-        use fred::types::config::{Server, ServerConfig};
         let named = lock.named();
-        let config = named.client.conn.redis().client_config();
-        let endpoint = |s: &Server| (s.host.to_lowercase(), s.port);
-        let (service, endpoints) = match &config.server {
-            ServerConfig::Centralized { server } => (String::new(), vec![endpoint(server)]),
-            ServerConfig::Clustered { hosts, .. } => {
-                (String::new(), hosts.iter().map(endpoint).collect())
-            }
-            ServerConfig::Sentinel {
-                hosts,
-                service_name,
-                ..
-            } => (service_name.clone(), hosts.iter().map(endpoint).collect()),
-            // Unix sockets (a fred feature redbaton does not enable): never matched.
-            #[allow(unreachable_patterns)]
-            _ => (String::new(), Vec::new()),
-        };
+        let (database, service, endpoints) = named.client.conn.endpoints();
         Place {
             key: &named.key,
-            database: config.database.unwrap_or(0),
+            database,
             service,
             endpoints,
         }

@@ -26,12 +26,12 @@ use std::sync::Arc;
 
 use fred::types::Value;
 
-use crate::conn::{lua_script, Call, Conn, LuaScript};
+use crate::conn::{lua_script, Call, Conn, LuaScript, Replicas};
 use crate::engine::client_inner::ClientInner;
 use crate::engine::holds::{HoldOps, Renewal};
 use crate::engine::hub::Wake;
 use crate::kinds::lock::RENEW;
-use crate::kinds::{acquire_methods, decode_counted, Kind, Named, Reply, Sealed};
+use crate::kinds::{acquire_methods, decode_counted, Hooks, Kind, Named, Reply};
 use crate::owner::Owner;
 use crate::{Error, Guard, Result};
 
@@ -374,13 +374,6 @@ macro_rules! half_methods {
         pub async fn is_held_in_scope(&self) -> Result<bool> {
             Ok(self.hold_count().await? > 0)
         }
-
-        /// The former name of [`is_held_in_scope`](Self::is_held_in_scope): a lock's owner
-        /// is no longer its tokio task.
-        #[deprecated(note = "owners are holds' scopes, not tasks: use `is_held_in_scope`")]
-        pub async fn is_held_by_current_task(&self) -> Result<bool> {
-            self.is_held_in_scope().await
-        }
     };
 }
 
@@ -443,10 +436,12 @@ impl WriteLock {
     }
 }
 
-impl Sealed for ReadLock {}
-
 impl Kind for ReadLock {
     const KIND: &'static str = "read_lock";
+}
+
+#[allow(private_interfaces)] // the hooks name crate-private types: sealed on purpose
+impl Hooks for ReadLock {
     type Extra = ();
 
     fn named(&self) -> &Named {
@@ -481,10 +476,12 @@ impl Kind for ReadLock {
     }
 }
 
-impl Sealed for WriteLock {}
-
 impl Kind for WriteLock {
     const KIND: &'static str = "write_lock";
+}
+
+#[allow(private_interfaces)] // the hooks name crate-private types: sealed on purpose
+impl Hooks for WriteLock {
     type Extra = ();
 
     fn named(&self) -> &Named {
@@ -546,7 +543,7 @@ impl HoldOps for ReadHalf {
         ReadLock::KIND
     }
 
-    fn release(&self, conn: &Conn, field: &str, max: u32, keep: u32) -> Call {
+    fn release(&self, conn: &Conn, field: &str, max: u32, keep: u32, replicas: Replicas) -> Call {
         let base = &self.0;
         let prefix = base.timeout_prefix(field);
         let args = vec![
@@ -558,7 +555,7 @@ impl HoldOps for ReadHalf {
             Value::from(&*base.channel),
         ];
         let keys = [&*base.named.key, &prefix, &*base.timeout_base];
-        conn.call(&READ_RELEASE, &keys, args)
+        conn.call_with(&READ_RELEASE, &keys, args, replicas)
     }
 
     fn renewal(&self) -> Renewal {
@@ -580,7 +577,7 @@ impl HoldOps for WriteHalf {
         WriteLock::KIND
     }
 
-    fn release(&self, conn: &Conn, field: &str, max: u32, keep: u32) -> Call {
+    fn release(&self, conn: &Conn, field: &str, max: u32, keep: u32, replicas: Replicas) -> Call {
         let base = &self.0;
         let args = vec![
             Value::from(field),
@@ -590,7 +587,7 @@ impl HoldOps for WriteHalf {
             Value::from_static_str(conn.publish_command()),
             Value::from(&*base.channel),
         ];
-        conn.call(&WRITE_RELEASE, &[&*base.named.key], args)
+        conn.call_with(&WRITE_RELEASE, &[&*base.named.key], args, replicas)
     }
 
     fn renewal(&self) -> Renewal {

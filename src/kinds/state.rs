@@ -2,13 +2,12 @@
 
 use std::time::Duration;
 
-use fred::interfaces::{ClientLike, ClusterInterface};
-use fred::types::{ClusterHash, CustomCommand, Value};
+use fred::types::Value;
 
 use crate::conn::{lua_script, LuaScript};
 use crate::kinds::rwlock::WRITE_SUFFIX;
-use crate::kinds::{Kind, Named};
-use crate::{Error, Lock, PubSubMode, ReadWriteLock, Result};
+use crate::kinds::{Hooks, Named};
+use crate::{Error, Lock, ReadWriteLock, Result};
 
 lua_script!(STATE, "lock/state.lua");
 
@@ -177,7 +176,8 @@ async fn read_state(named: &Named, channel: &str) -> Result<LockState> {
         owners.sort();
         Some(Duration::from_millis(pttl.max(0) as u64))
     };
-    let subscribers = subscribers(named, channel)
+    let subscribers = (named.client.conn)
+        .subscribers(channel, named.client.config.pubsub)
         .await
         .map_err(|e| named.error(&e))?;
     Ok(LockState {
@@ -203,47 +203,5 @@ fn not_a_lock(named: &Named, what: &str) -> Error {
     Error::WrongType {
         name: named.name().to_owned(),
         detail: format!("a hash with {what}, which no lock has"),
-    }
-}
-
-/// Subscriber connections on `channel`, across the nodes that can hold them.
-async fn subscribers(named: &Named, channel: &str) -> std::result::Result<u64, fred::error::Error> {
-    let redis = named.client.conn.redis();
-    let numsub = |command: &'static str, hash: ClusterHash| async move {
-        let reply: Vec<Value> = redis
-            .custom(
-                CustomCommand::new_static("PUBSUB", hash, false),
-                vec![command, channel],
-            )
-            .await?;
-        Ok::<u64, fred::error::Error>(
-            reply.get(1).and_then(Value::as_i64).unwrap_or(0).max(0) as u64
-        )
-    };
-    match named.client.config.pubsub {
-        PubSubMode::Sharded => {
-            let slot = fred::util::redis_keyslot(channel.as_bytes());
-            numsub("SHARDNUMSUB", ClusterHash::Custom(slot)).await
-        }
-        PubSubMode::Classic if redis.is_clustered() => {
-            // A classic subscription lives on whichever node its connection chose.
-            let nodes = redis
-                .cached_cluster_state()
-                .map(|state| state.unique_primary_nodes())
-                .unwrap_or_default();
-            let mut total = 0;
-            for node in nodes {
-                let reply: Vec<Value> = redis
-                    .with_cluster_node(node)
-                    .custom(
-                        CustomCommand::new_static("PUBSUB", None, false),
-                        vec!["NUMSUB", channel],
-                    )
-                    .await?;
-                total += reply.get(1).and_then(Value::as_i64).unwrap_or(0).max(0) as u64;
-            }
-            Ok(total)
-        }
-        PubSubMode::Classic => numsub("NUMSUB", ClusterHash::Random).await,
     }
 }

@@ -13,7 +13,7 @@ use tokio::sync::Notify;
 
 /// What a message on a channel means for its waiters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Wake {
+pub(crate) enum Wake {
     /// A lock channel: `0` (unlock) wakes one waiter of each group, `1` (a read/write lock's
     /// write-unlock) wakes all of them, and `-<ms>` (a read/write lock's read unlock that
     /// brought the lock's expiry down to `ms` milliseconds) wakes all of them once `ms` have
