@@ -8,7 +8,7 @@ use fred::prelude::{Builder as FredBuilder, Config as FredConfig, ReconnectPolic
 use fred::types::config::TcpConfig;
 
 use crate::config::{redact_url, Builder, Config};
-use crate::conn::{Composite, Conn, Replicas};
+use crate::conn::{Composite, Conn, Replicas, UserRedis};
 use crate::engine::call::{bounded, CALL_BOUND};
 use crate::engine::client_inner::ClientInner;
 use crate::engine::holds::{Holds, Loss};
@@ -27,7 +27,29 @@ use crate::{Error, Lock, Result};
 /// A client owns one command connection (per node), one subscriber connection shared by all
 /// its waiters (the hub), one watchdog task renewing all its leases, and a random UUID (v4)
 /// that, with an owner number, names each hold in Redis. Cloning is cheap and shares all of
-/// it. Call [`shutdown`](Client::shutdown) when done.
+/// it. For commands of your own, [`redis`](Client::redis) hands out a fred client with
+/// connections of its own.
+///
+/// # Ending: call [`shutdown`](Client::shutdown)
+///
+/// Call `shutdown().await` before the program (or its tokio runtime) ends: it releases every
+/// lock and permit still held, then closes the connections. Without it, a dropped guard, a
+/// dropped permit and the client's last handle each clean up in a **background task** — a
+/// guard's release, a permit's give-back — which runs only while the runtime runs. When
+/// `main` returns right after, the runtime ends and those tasks never run: the locks stay
+/// held until their leases end (30 s by default, [`Config::watchdog_lease`]), and waiters
+/// elsewhere wait that long. (The watchdog stops with the process, so a lock is never held
+/// longer than one lease.)
+///
+/// ```no_run
+/// # async fn run() -> redbaton::Result<()> {
+/// let client = redbaton::Client::connect("redis://127.0.0.1:6379").await?;
+/// let guard = client.lock("nightly-report").lock().await?;
+/// // ... the work ...
+/// drop(guard); // released in the background: fine while the runtime runs on
+/// client.shutdown().await // waits for that release (and releases anything still held)
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct Client {
     inner: Arc<ClientInner>,
@@ -191,6 +213,11 @@ impl Client {
             );
         }
         let builder = fred_builder(&config)?;
+        // The user's client: the same server, credentials, TLS and reconnection, but no
+        // command timeout of the library's (fred's default: none), so a blocking command
+        // lasts as long as it asks (invariant 17).
+        let mut user_builder = builder.clone();
+        user_builder.with_performance_config(|p| p.default_command_timeout = Duration::ZERO);
         let where_ = redact_url(&config.url);
         // A TLS client talking to a plain-text port gets no answer at all: say so.
         let tls_hint = if fred_uses_tls(&config.url) {
@@ -224,6 +251,8 @@ impl Client {
         };
 
         let redis = builder.build().map_err(connect_error)?;
+        // Built now (no connection yet): it connects when first asked for.
+        let user = user_builder.build().map_err(connect_error)?;
         match tokio::time::timeout(init_timeout, redis.init()).await {
             Ok(Ok(_task)) => {}
             Ok(Err(e)) => {
@@ -275,6 +304,7 @@ impl Client {
             passes_refused: Default::default(),
             owners: crate::engine::scope::OwnerNumbers::new(),
             outstanding_permits: Default::default(),
+            user: UserRedis::new(user),
         });
         tracing::debug!(client = %inner.id, url = %redact_url(&inner.config.url), "connected");
         Ok(Client { inner })
@@ -341,11 +371,40 @@ impl Client {
         &self.inner.config
     }
 
-    /// The underlying fred client, for commands redbaton does not wrap. Its traits are in
-    /// the re-exported [`fred`](crate::fred) (fred 10), e.g.
-    /// `use redbaton::fred::interfaces::KeysInterface;`.
+    /// A fred client of your own, for commands redbaton does not wrap: connections of its
+    /// own (one per node, opened on the first call, in the background), so nothing you send
+    /// on it delays a lock call or a lease renewal, and no lock traffic waits behind it. Its
+    /// traits are in the re-exported [`fred`](crate::fred) (fred 10), e.g.
+    /// `use redbaton::fred::interfaces::KeysInterface;`, and a fred error converts into
+    /// [`Error`] with `?`.
+    ///
+    /// ```no_run
+    /// # async fn run(client: redbaton::Client) -> redbaton::Result<()> {
+    /// use redbaton::fred::interfaces::ClientLike;
+    /// use redbaton::fred::types::{ClusterHash, CustomCommand, Value};
+    /// let blpop = CustomCommand::new_static("BLPOP", ClusterHash::FirstKey, true);
+    /// let job: Value = client.redis().custom(blpop, vec!["jobs", "7"]).await?; // nil after 7 s
+    /// # let _ = job; Ok(()) }
+    /// ```
+    ///
+    /// It is built from this client's settings — the URL (server, credentials, database,
+    /// topology), TLS, connect timeout, reconnection — but has **no command timeout**: a
+    /// `BLPOP` of 7 s lasts 7 s and returns nil, as from any fred client. Bound a call
+    /// yourself where you need to (`tokio::time::timeout`, or fred's `with_options` with
+    /// `Options { timeout, .. }`). Like the library's connection it never re-sends a command
+    /// whose reply was lost, and on a cluster follows no redirection (a command that meets
+    /// `MOVED` fails, and the next goes to the slot's new owner).
+    ///
+    /// fred's typed blocking pops (`blpop`, `brpop`, `bzpopmin`, …) report the server's nil
+    /// (nothing came within the command's own timeout) as an error of kind `Timeout`, "Request
+    /// timed out." — fred's way, not a timeout of redbaton's; send the command with `custom`
+    /// for a plain nil.
+    ///
+    /// Cloning it is cheap and shares its connections. It is closed by
+    /// [`shutdown`](Client::shutdown), or when this client's last handle (and guard) is
+    /// dropped; its commands then fail after the command timeout.
     pub fn redis(&self) -> &fred::clients::Client {
-        self.inner.conn.redis()
+        self.inner.user.get(&self.inner.conn)
     }
 
     /// Stops the watchdog and the subscriber and closes the connections.
@@ -366,6 +425,7 @@ impl Client {
             return Ok(());
         }
         inner.watchdog.stop();
+        inner.user.close(conn.runtime(), conn.command_timeout());
         // Waiters leave first (returning ShutDown) and undo what their wait left in Redis (a
         // fair lock's place in the queue) while the connection is still open.
         inner.hub.wake_all();

@@ -133,6 +133,9 @@ pub struct Config {
     /// - Any other scheme, or a URL fred cannot parse (a bad port, a `node` without a port, a
     ///   database path that is not a number), makes connecting fail with
     ///   [`Error::InvalidArgument`] before anything is sent.
+    ///
+    /// No default: [`Config::new`] takes it ([`Config::default`] uses
+    /// `redis://127.0.0.1:6379`).
     pub url: String,
     /// The lease of locks taken without an explicit one; renewed every third of it (default
     /// [`DEFAULT_WATCHDOG_LEASE`], 30 s).
@@ -147,13 +150,17 @@ pub struct Config {
     pub lease_check_interval: Duration,
     /// Prepended to every lock name to form its key (default empty, so keys match Redisson's).
     pub key_prefix: String,
-    /// The longest any single round trip to Redis may take.
+    /// The longest any single round trip of the library to Redis may take (default 5 s). Keep
+    /// it well under a third of [`watchdog_lease`](Self::watchdog_lease) (connecting warns
+    /// otherwise): a renewal that stalls for it must still leave time for the next one. The
+    /// client of your own ([`Client::redis`](crate::Client::redis)) has no such timeout.
     pub command_timeout: Duration,
-    /// The longest establishing a connection may take.
+    /// The longest establishing a connection may take (default 5 s).
     pub connect_timeout: Duration,
-    /// The longest pause between reconnection attempts (they back off exponentially up to it).
+    /// The longest pause between reconnection attempts (they back off exponentially up to it;
+    /// default 2 s).
     pub reconnect_max_delay: Duration,
-    /// Classic or sharded pub/sub for wake-ups.
+    /// Classic or sharded pub/sub for wake-ups (default [`PubSubMode::Classic`]).
     pub pubsub: PubSubMode,
     /// How long a [`FairLock`](crate::FairLock) waiter that waits without a deadline (or
     /// longer than this) stays queued after its predecessor's turn before the others count
@@ -165,7 +172,7 @@ pub struct Config {
     /// certificate. When set, the client trusts **only** these certificates (a private CA
     /// for Redis is the usual case); when `None`, it trusts the system's root certificates
     /// (which `SSL_CERT_FILE`/`SSL_CERT_DIR` can also point elsewhere). Setting it for a URL
-    /// without TLS is refused.
+    /// without TLS is refused. Default `None`.
     #[cfg(feature = "tls")]
     #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
     pub tls_ca_file: Option<std::path::PathBuf>,
@@ -479,6 +486,34 @@ mod tests {
         ] {
             assert!(shown.contains(field), "{field} missing from {shown}");
         }
+    }
+
+    /// Every setting's documentation says its default (issue 39: a reader had to look them
+    /// up in `Config::new`).
+    #[test]
+    fn every_setting_documents_its_default() {
+        let source = include_str!("config.rs");
+        let start = source.find("pub struct Config {").expect("the struct");
+        let body = &source[start..];
+        let body = &body[..body.find("\n}\n").expect("its end")];
+        let mut doc = String::new();
+        let mut fields = 0;
+        for line in body.lines().skip(1) {
+            let line = line.trim();
+            if let Some(text) = line.strip_prefix("///") {
+                doc.push_str(text);
+                doc.push(' ');
+            } else if let Some(field) = line.strip_prefix("pub ") {
+                let name = field.split(':').next().unwrap_or(field);
+                assert!(
+                    doc.to_lowercase().contains("default"),
+                    "Config::{name}'s documentation does not say its default: {doc}"
+                );
+                fields += 1;
+                doc.clear();
+            }
+        }
+        assert!(fields >= 13, "only {fields} settings found");
     }
 
     #[test]

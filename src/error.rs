@@ -56,8 +56,9 @@ pub enum Error {
     /// Redis could not be reached, or the connection broke while a command was in flight.
     #[error("connection error: {0}")]
     Connection(String),
-    /// A round trip took longer than the configured command timeout.
-    #[error("timed out after {0:?} waiting for Redis")]
+    /// A round trip took longer than the configured command timeout (the duration; zero for
+    /// a fred error converted with `From`, whose bound redbaton does not know).
+    #[error("{}", timed_out(.0))]
     Timeout(Duration),
     /// Redis refused the credentials (or the ACL user lacks a permission).
     #[error("authentication refused: {0}")]
@@ -82,6 +83,38 @@ pub enum Error {
 
 /// The crate's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// [`Error::Timeout`]'s message.
+fn timed_out(after: &Duration) -> String {
+    if after.is_zero() {
+        "timed out waiting for Redis".to_owned()
+    } else {
+        format!("timed out after {after:?} waiting for Redis")
+    }
+}
+
+/// A fred error as redbaton's, so that a function returning [`Result`] can use `?` on the
+/// fred calls it makes through [`Client::redis`](crate::Client::redis): a reply `WRONGTYPE`
+/// is [`Error::WrongType`] (with an empty name: fred's error names no key), a timeout
+/// [`Error::Timeout`] (of zero: the bound is the caller's), a refused password
+/// [`Error::Auth`], a lost or refused connection [`Error::Connection`], a bad argument
+/// [`Error::InvalidArgument`], any other error reply [`Error::Redis`].
+///
+/// ```no_run
+/// use redbaton::fred::interfaces::KeysInterface;
+///
+/// async fn bump(client: &redbaton::Client) -> redbaton::Result<i64> {
+///     let guard = client.lock("counter").lock().await?;
+///     let n: i64 = client.redis().incr("counter:value").await?; // a fred error, converted
+///     guard.unlock().await?;
+///     Ok(n)
+/// }
+/// ```
+impl From<fred::error::Error> for Error {
+    fn from(err: fred::error::Error) -> Self {
+        Error::from_redis(&err, "", Duration::ZERO)
+    }
+}
 
 impl Error {
     /// Maps a fred error to ours. `timeout` is the configured command timeout, quoted in

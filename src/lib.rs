@@ -139,6 +139,38 @@
 //!   that jump on the server. The repository's `docs/FAILURES.md` has every case, per
 //!   deployment, and the ACLs a Redis user needs.
 //!
+//! ## How soon a loss is felt
+//!
+//! A guard learns its hold is gone through [`Guard::lost`] (and `run` stops its work with
+//! [`Error::LeaseLost`]); how soon depends on how it was lost. The defaults:
+//! [`Config::watchdog_lease`] 30 s (renewed every 10 s), [`Config::lease_check_interval`]
+//! 500 ms, [`Config::command_timeout`] 5 s.
+//!
+//! | the loss | felt |
+//! | --- | --- |
+//! | a fixed lease (`lock_with_lease`, …) runs out | at its end by the client's monotonic clock, less the drift allowance (1 % + 2 ms); no round trip |
+//! | another client force-unlocks it, Redis restarts empty, a failover promotes a replica that never had it, it expired and another owner took it | at the watchdog's next check: within `lease_check_interval` plus a round trip; within a round trip while this client has tasks waiting on that lock (the unlock message says so) |
+//! | Redis is unreachable or stalls | when the lease runs out counted from the *send* time of the last renewal Redis acknowledged, less the drift allowance: at most one watchdog lease after it (a stall that lasts a whole lease loses the hold; renewals every third of the lease leave two thirds of slack) |
+//! | an acquire's reply comes after the lease it took ran out | never handed out: the hold is released and the acquire tries again within the caller's wait (invariant 18) |
+//! | the process dies | nothing tells it; Redis expires the lock one lease after the last renewal, and a waiter elsewhere gets it |
+//!
+//! A [`LeasedPermit`] is felt the same way (the same watchdog); a [`SemaphorePermit`] has no
+//! lease and is never lost. Keep `command_timeout` well under a third of the watchdog lease
+//! (connecting logs a warning otherwise): a renewal stalled that long must still leave time
+//! for the next one.
+//!
+//! ## Your own commands, single flight, and ending
+//!
+//! - [`Client::redis`] is a fred client for your own commands, with connections of its own
+//!   and no command timeout: nothing you send on it (a long `BLPOP`) delays a lock call or a
+//!   renewal. A fred error converts into [`Error`] with `?`.
+//! - [`Lock::wait_until_free`] (and [`ReadWriteLock::wait_until_free`],
+//!   [`FencedLock::wait_until_free`]) waits until nobody holds a lock without taking it: one
+//!   caller computes under the lock, the others wait there and are all woken by its unlock.
+//! - Call [`Client::shutdown`] before the runtime ends: dropped guards release, and dropped
+//!   permits give back, in background tasks that a runtime ending cancels (the locks then stay
+//!   held until their leases end).
+//!
 //! ## Versions
 //!
 //! - **Redis**: tested with Redis 7.0.15 (Debian 12's `redis-server`), single node, Sentinel

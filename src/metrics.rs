@@ -18,7 +18,9 @@
 //! | `redbaton_script_reloads_total` | counter | | scripts loaded again after a `NOSCRIPT` reply (a restart, `SCRIPT FLUSH` or a failover emptied the server's script cache) |
 //!
 //! `kind` is the lock type: `lock`, `fenced_lock`, `fair_lock`, `read_lock`, `write_lock`,
-//! `semaphore`, `leased_semaphore`. A [`MultiLock`](crate::MultiLock) or
+//! `semaphore`, `leased_semaphore` — and `until_free` for the waits of
+//! [`Lock::wait_until_free`](crate::Lock::wait_until_free) and its kin, which take nothing
+//! (their `acquired` outcome means the lock was found free). A [`MultiLock`](crate::MultiLock) or
 //! [`RedLock`](crate::RedLock) records through the locks it is made of. A `Lock` and a
 //! `FencedLock` of the same name and owner share one hold (one hash in Redis), which the
 //! registry metrics (`held_locks`, renewals, lost leases) label with the kind that took it

@@ -384,7 +384,7 @@ async fn semaphore_cut_at_every_step() {
         acquire: Box::new(move || {
             let sem = mine.clone();
             boxed(async move {
-                let permit = sem.acquire(1).await?;
+                let permit = sem.acquire().await?;
                 Ok(Box::new(move || boxed(permit.release())) as Release)
             })
         }),
@@ -392,7 +392,7 @@ async fn semaphore_cut_at_every_step() {
             let sem = theirs.clone();
             boxed(async move {
                 let permit = sem
-                    .try_acquire(1)
+                    .try_acquire()
                     .await
                     .unwrap()
                     .expect("free for the holder");

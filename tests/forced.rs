@@ -322,19 +322,19 @@ async fn a_semaphore_waiter_dropped_during_its_recheck_passes_the_wake_up_on() {
         .unwrap();
     sem.try_set_permits(1).await.unwrap();
     // Held (by this test) until the test ends.
-    let _taken = sem.try_acquire(1).await.unwrap().expect("the only permit");
+    let _taken = sem.try_acquire().await.unwrap().expect("the only permit");
     let base = script_calls(&raw).await;
 
     // The first waiter, parked first, asks for two permits; the second for one.
     let first = {
         let sem = sem.clone();
-        tokio::spawn(async move { sem.acquire(2).await })
+        tokio::spawn(async move { sem.acquire_many(2).await })
     };
     until_scripts(&raw, base, 2).await;
     let second = {
         let sem = sem.clone();
         tokio::spawn(async move {
-            let permit = sem.acquire(1).await.unwrap();
+            let permit = sem.acquire().await.unwrap();
             let got = Instant::now();
             permit.release().await.unwrap();
             got

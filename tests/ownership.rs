@@ -2,13 +2,14 @@
 //! `one_holder_per_scope` and `reentry` do not cover — the warning for an un-scoped nested
 //! acquire, a try that cannot deadlock, fair waiters joined in one task, multi-locks.
 
+#[path = "support/captured.rs"]
+mod captured;
 mod support;
 
-use std::io::Write;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
+use captured::Captured;
 use fred::prelude::*;
 use parking_lot::Mutex;
 use redbaton::{Client, MultiLock};
@@ -16,26 +17,6 @@ use support::{eventually, RedisServer};
 
 async fn client(server: &RedisServer) -> Client {
     Client::connect(&server.url()).await.unwrap()
-}
-
-/// A `tracing` writer into a shared buffer.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Captured {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock()).into_owned()
-    }
 }
 
 /// Straight-line code that locks again beside a held guard is another owner: `try_lock`
@@ -46,15 +27,8 @@ async fn a_second_lock_beside_a_held_guard_is_refused_and_warned_about() {
     let server = RedisServer::start();
     let client = client(&server).await;
     let lock = client.lock("beside");
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_max_level(tracing::Level::WARN)
-        .with_ansi(false)
-        .finish();
     // This test's runtime is current-thread: every poll runs on this thread, under it.
-    let _default = tracing::subscriber::set_default(subscriber);
+    let (captured, _default) = Captured::warnings();
 
     let guard = lock.lock().await.unwrap();
     assert!(lock.try_lock().await.unwrap().is_none(), "a try is refused");

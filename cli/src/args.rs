@@ -21,8 +21,9 @@ macro_rules! exit_table {
   69            Redis unreachable
   77            authentication refused
   70            anything else
-status exits 0 when locked and 1 when free; unlock --force exits 0 when it deleted a lock
-and 1 when there was none; errors use the codes above."
+status exits 0 when locked (a semaphore: some permit taken) and 1 when free; unlock --force
+exits 0 when it deleted a lock (released a leased semaphore's permits) and 1 when there was
+none; permits exits 0 once set; errors use the codes above."
     };
 }
 
@@ -34,6 +35,8 @@ const AFTER_HELP: &str = concat!(
   redbaton exec --wait 30s deploy -- make deploy        # give up after 30 s (exit 75)
   redbaton status deploy --json                         # exit 0 if locked, 1 if free
   redbaton unlock --force deploy                        # delete a stuck lock
+  redbaton status gpu-slots                             # a semaphore: permits, holders, leases
+  redbaton permits crawler-slots 8                      # a semaphore's new total
   redbaton demo                                         # flash-sale demo, private Redis
 
 CMD runs in a process group of its own with REDBATON_LOCK and REDBATON_OWNER set; a nested
@@ -80,8 +83,12 @@ pub enum Command {
     /// Show the lock NAME's kind, who holds it, for how long, and who waits (exit 0 locked,
     /// 1 free).
     Status(StatusArgs),
-    /// Delete the lock NAME whoever holds it and wake its waiters (exit 0 held, 1 free).
+    /// Delete the lock NAME whoever holds it and wake its waiters (exit 0 held, 1 free); a
+    /// leased semaphore: release every permit taken.
     Unlock(UnlockArgs),
+    /// Set a semaphore's total number of permits (held ones stay counted), or add to its free
+    /// permits: the repair of a count.
+    Permits(PermitsArgs),
     /// The flash-sale demo: worker processes selling stock with and without the lock.
     Demo(DemoArgs),
     /// One demo worker process (started by `demo`).
@@ -109,6 +116,10 @@ pub struct ExecArgs {
     /// failure, as `flock -E 0` does).
     #[arg(short = 'E', long, default_value_t = 75)]
     pub conflict_exit_code: u8,
+    /// Say nothing when the lock is not acquired within --wait (for cron with -E 0: a
+    /// skipped run writes nothing to stderr). Errors are still reported.
+    #[arg(short, long)]
+    pub quiet: bool,
     /// The watchdog lease: how long the lock outlives a crashed redbaton; renewed every third
     /// of it while CMD runs (at least 100ms). Not with --lease, which replaces the watchdog.
     #[arg(long, value_parser = parse_lease, default_value = "30s", conflicts_with = "lease")]
@@ -140,6 +151,34 @@ pub struct UnlockArgs {
     pub force: bool,
     /// The lock's name.
     pub name: String,
+    #[command(flatten)]
+    pub key: KeyArgs,
+}
+
+/// `permits`
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("change").required(true).args(["total", "add"])))]
+pub struct PermitsArgs {
+    /// The semaphore's name.
+    pub name: String,
+    /// The new total, permits held now included: the free count moves by the difference
+    /// from the total set last (a plain semaphore needs the total redbaton records; one set
+    /// by a Redisson peer is refused: use --add).
+    pub total: Option<u32>,
+    /// Add DELTA free permits instead (negative removes): the repair of permits lost with a
+    /// crashed holder of a plain semaphore.
+    #[arg(
+        long,
+        value_name = "DELTA",
+        allow_negative_numbers = true,
+        conflicts_with = "total"
+    )]
+    pub add: Option<i64>,
+    /// A leased semaphore (Redisson's RPermitExpirableSemaphore): the total counts the
+    /// permits taken now, after reclaiming those whose lease ended. Found by itself while
+    /// some permit is taken.
+    #[arg(long)]
+    pub leased: bool,
     #[command(flatten)]
     pub key: KeyArgs,
 }

@@ -111,6 +111,9 @@ async fn run_with(
         }
     };
     let Some(guard) = guard else {
+        if args.quiet {
+            return Err(Failure::quiet(args.conflict_exit_code));
+        }
         return Err(conflict(client, args, started.elapsed()).await);
     };
     let owner = guard.owner();
@@ -282,18 +285,21 @@ async fn supervise(
     ))
 }
 
-/// The failure for a lock not acquired within --wait: names its owners and hold count.
+/// The failure for a lock not acquired within --wait: names its owners and hold count, and
+/// the wait asked for (`0s` for `--wait 0`, as the option was given, not the milliseconds the
+/// try took).
 async fn conflict(client: &redbaton::Client, args: &ExecArgs, waited: Duration) -> Failure {
     let holders = match Inspected::read(client, &args.name).await {
         Ok(found) => found.holders(),
         Err(_) => "owners unknown".to_owned(),
     };
+    let wait = args.wait.unwrap_or(waited);
     Failure::new(
         args.conflict_exit_code,
         format!(
             "lock {:?} is held ({holders}); not acquired within {}",
             args.name,
-            humantime::format_duration(Duration::from_millis(waited.as_millis() as u64))
+            humantime::format_duration(Duration::from_millis(wait.as_millis() as u64))
         ),
     )
 }

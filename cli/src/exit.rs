@@ -25,7 +25,8 @@ pub const NOT_EXECUTABLE: u8 = 126;
 /// CMD was not found.
 pub const NOT_FOUND: u8 = 127;
 
-/// A failure: the status to exit with and the line to print on stderr.
+/// A failure: the status to exit with and the line to print on stderr (none when empty:
+/// `exec --quiet`'s conflict).
 #[derive(Debug)]
 pub struct Failure {
     pub code: u8,
@@ -38,6 +39,11 @@ impl Failure {
             code,
             message: message.into(),
         }
+    }
+
+    /// A failure that prints nothing.
+    pub fn quiet(code: u8) -> Self {
+        Failure::new(code, "")
     }
 }
 
@@ -81,7 +87,9 @@ impl Outcome {
         match self {
             Outcome::Status(code) => ExitCode::from(code),
             Outcome::Failed(failure) => {
-                eprintln!("redbaton: {failure}");
+                if !failure.message.is_empty() {
+                    eprintln!("redbaton: {failure}");
+                }
                 ExitCode::from(failure.code)
             }
         }

@@ -1,12 +1,15 @@
-//! `redbaton status` and `redbaton unlock --force`, for every kind of lock kept in a Redis hash.
+//! `redbaton status`, `redbaton unlock --force` and `redbaton permits`: every kind of lock kept
+//! in a Redis hash, and both semaphores (a counter under the name).
 
 use std::fmt;
 use std::time::Duration;
 
-use redbaton::{Client, LockState, ReadWriteMode};
+use fred::interfaces::ClientLike;
+use fred::types::{ClusterHash, CustomCommand};
+use redbaton::{Client, LockState, PermitId, ReadWriteMode};
 
-use crate::args::{StatusArgs, UnlockArgs};
-use crate::exit::Failure;
+use crate::args::{PermitsArgs, StatusArgs, UnlockArgs};
+use crate::exit::{self, Failure};
 
 /// Exit status of `status` for a held lock and of `unlock --force` when it deleted one.
 const YES: u8 = 0;
@@ -180,12 +183,23 @@ impl Inspected {
 pub async fn status(url: &str, args: StatusArgs) -> Result<u8, Failure> {
     crate::check_name(&args.name)?;
     let client = crate::connect(url, &args.key, redbaton::DEFAULT_WATCHDOG_LEASE).await?;
-    let found = Inspected::read(&client, &args.name).await;
-    let key = client.lock(&args.name).key().to_owned();
+    let shown = show_status(&client, &args).await;
     let _ = client.shutdown().await;
-    let found = found?;
+    shown
+}
+
+async fn show_status(client: &Client, args: &StatusArgs) -> Result<u8, Failure> {
+    if let Some(semaphore) = Semaphore::read(client, &args.name).await? {
+        if args.json {
+            println!("{}", semaphore.json(&args.name));
+        } else {
+            print!("{}", semaphore.text(&args.name));
+        }
+        return Ok(if semaphore.in_use() { YES } else { NO });
+    }
+    let found = Inspected::read(client, &args.name).await?;
     if args.json {
-        println!("{}", found.json(&args.name, &key));
+        println!("{}", found.json(&args.name, client.lock(&args.name).key()));
     } else {
         print!("{}", found.text(&args.name));
     }
@@ -196,18 +210,23 @@ pub async fn unlock(url: &str, args: UnlockArgs) -> Result<u8, Failure> {
     debug_assert!(args.force, "clap requires --force");
     crate::check_name(&args.name)?;
     let client = crate::connect(url, &args.key, redbaton::DEFAULT_WATCHDOG_LEASE).await?;
-    let deleted = force_unlock(&client, &args.name).await;
+    let done = force(&client, &args.name).await;
     let _ = client.shutdown().await;
-    match deleted? {
+    done
+}
+
+/// `unlock --force`: a leased semaphore's permits released, or the lock deleted.
+async fn force(client: &Client, name: &str) -> Result<u8, Failure> {
+    if let Some(semaphore) = Semaphore::read(client, name).await? {
+        return semaphore.release_all(client, name).await;
+    }
+    match force_unlock(client, name).await? {
         Some(kind) => {
-            eprintln!(
-                "redbaton: {kind} {:?} deleted; its waiters were woken",
-                args.name
-            );
+            eprintln!("redbaton: {kind} {name:?} deleted; its waiters were woken");
             Ok(YES)
         }
         None => {
-            eprintln!("redbaton: lock {:?} was not held", args.name);
+            eprintln!("redbaton: lock {name:?} was not held");
             Ok(NO)
         }
     }
@@ -230,4 +249,199 @@ async fn force_unlock(client: &Client, name: &str) -> redbaton::Result<Option<Ki
         Kind::Lock => client.lock(name).force_unlock().await?,
     };
     Ok(deleted.then_some(kind))
+}
+
+/// Permits listed by `status` at most.
+const LISTED_PERMITS: usize = 1000;
+
+/// A semaphore as `status`, `unlock --force` and `permits` see it.
+pub struct Semaphore {
+    /// Free permits now (after reclaiming ended leases).
+    free: i64,
+    kind: SemaphoreKind,
+}
+
+enum SemaphoreKind {
+    /// `RSemaphore`: its recorded total, if any (see `Semaphore::set_permits`).
+    Plain { total: Option<i64> },
+    /// `RPermitExpirableSemaphore`: the permits taken, with the lease each has left.
+    Leased {
+        taken: Vec<(PermitId, Option<Duration>)>,
+    },
+}
+
+/// The Redis type of `key` (`none` when absent).
+async fn key_type(client: &Client, key: &str) -> redbaton::Result<String> {
+    let command = CustomCommand::new_static("TYPE", ClusterHash::FirstKey, false);
+    let kind: String = client.redis().custom(command, vec![key.to_owned()]).await?;
+    Ok(kind)
+}
+
+impl Semaphore {
+    /// Reads the semaphore `name`; `None` when its key is no semaphore's counter (a lock's
+    /// hash, or nothing). A string that is no permit count is refused with `WrongType`.
+    pub async fn read(client: &Client, name: &str) -> redbaton::Result<Option<Semaphore>> {
+        let plain = client.semaphore(name);
+        if key_type(client, plain.key()).await? != "string" {
+            return Ok(None);
+        }
+        let leased = client.leased_semaphore(name);
+        if key_type(client, leased.timeout_key()).await? == "zset" {
+            let taken = leased.permits_taken(LISTED_PERMITS).await?;
+            let free = leased.available_permits().await?;
+            return Ok(Some(Semaphore {
+                free,
+                kind: SemaphoreKind::Leased { taken },
+            }));
+        }
+        let free = plain.available_permits().await?;
+        let total = plain.total_permits().await?;
+        Ok(Some(Semaphore {
+            free,
+            kind: SemaphoreKind::Plain { total },
+        }))
+    }
+
+    /// Whether some permit is known to be taken.
+    fn in_use(&self) -> bool {
+        match &self.kind {
+            SemaphoreKind::Plain { total } => total.is_some_and(|total| total > self.free),
+            SemaphoreKind::Leased { taken } => !taken.is_empty(),
+        }
+    }
+
+    fn text(&self, name: &str) -> String {
+        match &self.kind {
+            SemaphoreKind::Plain { total: Some(total) } => format!(
+                "{name:?}: semaphore, {} permit(s) free of a total of {total} ({} taken)\n",
+                self.free,
+                total - self.free
+            ),
+            SemaphoreKind::Plain { total: None } => format!(
+                "{name:?}: semaphore, {} permit(s) free; no recorded total, so the permits \
+                 taken are unknown (they belong to nobody)\n",
+                self.free
+            ),
+            SemaphoreKind::Leased { taken } => {
+                let mut out = format!(
+                    "{name:?}: leased semaphore, {} permit(s) free, {} taken\n",
+                    self.free,
+                    taken.len()
+                );
+                for (id, left) in taken {
+                    let lease = match left {
+                        Some(left) => format!(
+                            "lease {} left",
+                            humantime::format_duration(Duration::from_millis(
+                                left.as_millis() as u64
+                            ))
+                        ),
+                        None => "no lease".to_owned(),
+                    };
+                    out += &format!("  permit {id} {lease}\n");
+                }
+                out
+            }
+        }
+    }
+
+    fn json(&self, name: &str) -> serde_json::Value {
+        match &self.kind {
+            SemaphoreKind::Plain { total } => serde_json::json!({
+                "name": name,
+                "kind": "semaphore",
+                "free": self.free,
+                "total": total,
+                "taken": total.map(|total| total - self.free),
+            }),
+            SemaphoreKind::Leased { taken } => {
+                let permits: Vec<_> = taken
+                    .iter()
+                    .map(|(id, left)| {
+                        serde_json::json!({
+                            "id": id.to_string(),
+                            "lease_ms": left.map(|left| left.as_millis() as u64),
+                        })
+                    })
+                    .collect();
+                serde_json::json!({
+                    "name": name,
+                    "kind": "leased_semaphore",
+                    "free": self.free,
+                    "taken": taken.len(),
+                    "permits": permits,
+                })
+            }
+        }
+    }
+
+    /// `unlock --force`: releases every permit of a leased semaphore (waking its waiters);
+    /// a plain one's permits belong to nobody, so there is nothing to force.
+    async fn release_all(self, client: &Client, name: &str) -> Result<u8, Failure> {
+        let SemaphoreKind::Leased { taken } = self.kind else {
+            return Err(Failure::new(
+                exit::DATA,
+                format!(
+                    "{name:?} is a semaphore, whose permits belong to nobody: nothing to unlock; \
+                     repair its count with `redbaton permits {name} TOTAL` or `--add DELTA`"
+                ),
+            ));
+        };
+        let leased = client.leased_semaphore(name);
+        let mut released = 0;
+        for (id, _) in &taken {
+            if leased.release_id(id).await? {
+                released += 1;
+            }
+        }
+        if released == 0 {
+            eprintln!("redbaton: leased semaphore {name:?} had no permit taken");
+            return Ok(NO);
+        }
+        eprintln!("redbaton: leased semaphore {name:?}: {released} permit(s) released; its waiters were woken");
+        Ok(YES)
+    }
+}
+
+/// `permits NAME TOTAL` / `permits NAME --add DELTA`.
+pub async fn permits(url: &str, args: PermitsArgs) -> Result<u8, Failure> {
+    crate::check_name(&args.name)?;
+    let client = crate::connect(url, &args.key, redbaton::DEFAULT_WATCHDOG_LEASE).await?;
+    let set = set_permits(&client, &args).await;
+    let _ = client.shutdown().await;
+    let free = set?;
+    eprintln!(
+        "redbaton: semaphore {:?}: {free} permit(s) free now",
+        args.name
+    );
+    Ok(0)
+}
+
+async fn set_permits(client: &Client, args: &PermitsArgs) -> Result<i64, Failure> {
+    let name = &args.name;
+    let kind = key_type(client, client.semaphore(name).key()).await?;
+    if kind != "string" && kind != "none" {
+        return Err(redbaton::Error::WrongType {
+            name: name.clone(),
+            detail: format!("the key holds a {kind}, not a semaphore's permit count"),
+        }
+        .into());
+    }
+    let leased = args.leased
+        || key_type(client, client.leased_semaphore(name).timeout_key()).await? == "zset";
+    Ok(match (args.total, args.add, leased) {
+        (Some(total), _, true) => client.leased_semaphore(name).set_permits(total).await?,
+        (Some(total), _, false) => client.semaphore(name).set_permits(total).await?,
+        (None, Some(delta), true) => {
+            let sem = client.leased_semaphore(name);
+            sem.add_permits(delta).await?;
+            sem.available_permits().await?
+        }
+        (None, Some(delta), false) => {
+            let sem = client.semaphore(name);
+            sem.add_permits(delta).await?;
+            sem.available_permits().await?
+        }
+        (None, None, _) => unreachable!("clap requires TOTAL or --add"),
+    })
 }

@@ -67,6 +67,7 @@ async fn run(cli: Cli) -> Outcome {
         Command::Exec(args) => exec::run(&url, args).await,
         Command::Status(args) => inspect::status(&url, args).await.into(),
         Command::Unlock(args) => inspect::unlock(&url, args).await.into(),
+        Command::Permits(args) => inspect::permits(&url, args).await.into(),
         Command::Demo(args) => demo::run(cli.url, args).await.into(),
         Command::DemoWorker(args) => worker::run(&url, args).await.into(),
     }
@@ -118,18 +119,32 @@ pub fn check_name(name: &str) -> Result<(), Failure> {
     Ok(())
 }
 
+/// Logging on stderr: `-v`'s level, or `RUST_LOG`'s `target=level,…` directives (parsed as
+/// `tracing_subscriber`'s `Targets`, not `EnvFilter`: its regular expressions alone were a
+/// tenth of the CLI's build).
 fn init_tracing(verbose: u8) {
-    use tracing_subscriber::EnvFilter;
+    use tracing_subscriber::filter::{LevelFilter, Targets};
+    use tracing_subscriber::prelude::*;
     let default = match verbose {
-        0 => "error",
-        1 => "redbaton=info,info",
-        2 => "redbaton=debug,info",
-        _ => "trace",
+        0 => Targets::new().with_default(LevelFilter::ERROR),
+        1 => Targets::new()
+            .with_target("redbaton", LevelFilter::INFO)
+            .with_default(LevelFilter::INFO),
+        2 => Targets::new()
+            .with_target("redbaton", LevelFilter::DEBUG)
+            .with_default(LevelFilter::INFO),
+        _ => Targets::new().with_default(LevelFilter::TRACE),
     };
-    let filter = EnvFilter::try_from_env("RUST_LOG").unwrap_or_else(|_| EnvFilter::new(default));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false)
+    let filter = std::env::var("RUST_LOG")
+        .ok()
+        .and_then(|directives| directives.parse::<Targets>().ok())
+        .unwrap_or(default);
+    tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_target(false),
+        )
+        .with(filter)
         .init();
 }

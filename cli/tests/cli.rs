@@ -246,12 +246,15 @@ fn busy_lock_exits_75_or_the_conflict_code_naming_the_holders() {
         err.contains("\"busy\"") && err.contains("1 owner") && err.contains("hold count 1"),
         "{err}"
     );
+    // The wait asked for, as given: `--wait 0` is "0s", not the milliseconds the try took.
+    assert!(err.contains("not acquired within 0s"), "{err}");
     let start = Instant::now();
-    let (code, _, _) = run(redbaton(
+    let (code, _, err) = run(redbaton(
         &url,
         &["exec", "-w", "300ms", "-E", "9", "busy", "--", "true"],
     ));
     assert_eq!(code, 9);
+    assert!(err.contains("not acquired within 300ms"), "{err}");
     assert!(start.elapsed() >= Duration::from_millis(300));
     let (code, _, _) = run(redbaton(
         &url,
@@ -273,6 +276,14 @@ fn busy_lock_exits_75_or_the_conflict_code_naming_the_holders() {
         &["exec", "--wait", "0", "-E", "0", "busy", "--", "false"],
     ));
     assert_eq!(code, 0, "{err}");
+    // ... and with --quiet, not even a line on stderr (cron mails any output).
+    let (code, out, err) = run(redbaton(
+        &url,
+        &[
+            "exec", "--wait", "0", "-E", "0", "--quiet", "busy", "--", "false",
+        ],
+    ));
+    assert_eq!((code, out.as_str(), err.as_str()), (0, "", ""));
     send_signal(holder.id(), "TERM");
     assert!(wait_within(&mut holder, 20 * SEC).is_some());
 }

@@ -1,6 +1,6 @@
 //! The `redbaton` binary across the lock family: `status` and `unlock --force` on a read/write
 //! lock, a fair lock and a fenced lock held by library clients, `--key-prefix`, where
-//! `--watchdog-lease` is accepted, and semaphores (not locks) left alone.
+//! `--watchdog-lease` is accepted, and semaphores: their status and repair.
 
 mod cli_support;
 #[path = "../../tests/support/mod.rs"]
@@ -346,24 +346,78 @@ async fn watchdog_lease_is_an_exec_option_without_a_fixed_lease() {
     assert!(ttl <= 3_000, "a 3 s watchdog lease: {ttl} ms left");
 }
 
+/// Semaphores from the shell (issue 39): `status` shows a plain semaphore's free permits and
+/// recorded total, a leased one's permits with their leases; `unlock --force` releases a
+/// leased semaphore's permits (waking its waiters) and leaves a plain one's count alone (its
+/// permits belong to nobody: exit 65, naming the repair); `permits` sets a live total or
+/// adds permits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn semaphores_are_not_locks_and_keep_their_permits() {
+async fn semaphores_have_a_status_and_a_repair() {
     let server = RedisServer::start();
     let url = server.url();
     let client = Client::connect(&url).await.unwrap();
     let plain = client.semaphore("slots");
     assert!(plain.try_set_permits(3).await.unwrap());
+    let _held = plain.acquire().await.unwrap();
+    let (code, json) = status_json(&url, &["slots"]).await;
+    assert_eq!(code, 0, "a permit is taken: {json}");
+    assert_eq!(json["kind"], "semaphore");
+    assert_eq!(json["free"], 2);
+    assert_eq!(json["total"], 3);
+    assert_eq!(json["taken"], 1);
+    let (code, _, err) = cli(redbaton(&url, &["unlock", "--force", "slots"])).await;
+    assert_eq!(code, 65, "{err}");
+    assert!(err.contains("redbaton permits"), "{err}");
+    assert_eq!(plain.available_permits().await.unwrap(), 2, "left alone");
+    // A new total on the live semaphore: the permit taken stays counted.
+    let (code, _, err) = cli(redbaton(&url, &["permits", "slots", "5"])).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("4 permit(s) free"), "{err}");
+    assert_eq!(plain.total_permits().await.unwrap(), Some(5));
+    let (code, _, err) = cli(redbaton(&url, &["permits", "slots", "--add", "-1"])).await;
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(plain.available_permits().await.unwrap(), 3);
+    let (code, text, _) = cli(redbaton(&url, &["status", "slots"])).await;
+    assert_eq!(code, 0);
+    assert!(
+        text.contains("3 permit(s) free of a total of 4 (1 taken)"),
+        "{text}"
+    );
+
     let leased = client.leased_semaphore("gpus");
     assert!(leased.try_set_permits(2).await.unwrap());
-    for name in ["slots", "gpus"] {
-        for args in [&["status", name][..], &["unlock", "--force", name][..]] {
-            let (code, _, err) = cli(redbaton(&url, args)).await;
-            assert_eq!(code, 65, "{args:?}: {err}");
-            assert!(err.contains("not a lock"), "{err}");
-        }
-    }
-    assert_eq!(plain.available_permits().await.unwrap(), 3);
-    assert_eq!(leased.available_permits().await.unwrap(), 2);
+    let permit = leased.acquire().await.unwrap();
+    let (code, json) = status_json(&url, &["gpus"]).await;
+    assert_eq!(code, 0, "{json}");
+    assert_eq!(json["kind"], "leased_semaphore");
+    assert_eq!(json["free"], 1);
+    assert_eq!(json["permits"][0]["id"], permit.id().to_string());
+    let lease_ms = json["permits"][0]["lease_ms"].as_u64().unwrap();
+    assert!(lease_ms > 1_000 && lease_ms <= 30_000, "{json}");
+    // A waiter for both permits, woken by the force.
+    let waiter = {
+        let leased = leased.clone();
+        tokio::spawn(async move { leased.acquire_many(2).await })
+    };
+    parked_on(&server, leased.channel()).await;
+    let (code, _, err) = cli(redbaton(&url, &["unlock", "--force", "gpus"])).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("1 permit(s) released"), "{err}");
+    let both = tokio::time::timeout(WOKEN_WITHIN, waiter)
+        .await
+        .expect("the waiter is woken by the released permit")
+        .unwrap()
+        .unwrap();
+    tokio::time::timeout(WOKEN_WITHIN, permit.lost())
+        .await
+        .expect("the forced permit's holder is told");
+    both.release().await.unwrap();
+    let (code, text, _) = cli(redbaton(&url, &["status", "gpus"])).await;
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains("2 permit(s) free"), "{text}");
+    let (code, _, err) = cli(redbaton(&url, &["permits", "gpus", "4", "--leased"])).await;
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(leased.available_permits().await.unwrap(), 4);
     client.shutdown().await.unwrap();
 }
 

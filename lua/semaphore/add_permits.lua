@@ -1,7 +1,8 @@
 -- Add to (or, with a negative delta, take from) a semaphore's free permits (addPermits).
 -- KEYS[1]  the counter (created when absent)
--- KEYS[2]  optional: the zset of taken permits of a leased semaphore, which all come back to
---          the counter one day
+-- KEYS[2]  optional: with "delta" (a leased semaphore), the zset of taken permits, which all
+--          come back to the counter one day; with "count" (a plain semaphore), its record of
+--          its total (see set_total.lua), moved by the delta too when it exists
 -- ARGV[1]  the delta
 -- ARGV[2]  publish command: PUBLISH or SPUBLISH
 -- ARGV[3]  what the message carries: "count" (the new count: RSemaphore) or "delta" (the
@@ -20,13 +21,16 @@ end
 local delta = tonumber(ARGV[1])
 local free = tonumber(value or '0') + delta
 local taken = 0
-if KEYS[2] then
+if KEYS[2] and ARGV[3] == 'delta' then
     taken = redis.call('zcard', KEYS[2])
 end
 if (delta > 0 and free + taken > 2147483647) or (delta < 0 and free < -2147483648) then
     return false
 end
 redis.call('set', KEYS[1], string.format('%d', free))
+if KEYS[2] and ARGV[3] == 'count' and redis.call('exists', KEYS[2]) == 1 then
+    redis.call('incrby', KEYS[2], delta)
+end
 local message = free
 if ARGV[3] == 'delta' then
     message = delta

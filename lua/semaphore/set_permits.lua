@@ -1,5 +1,7 @@
 -- Initialise a semaphore's free permits, only if it has none set yet (trySetPermits).
 -- KEYS[1]  the counter
+-- KEYS[2]  optional: a plain semaphore's record of its total, "{name}:permits", written with
+--          the count (see set_total.lua)
 -- ARGV[1]  the number of permits (>= 0)
 -- ARGV[2]  publish command: PUBLISH or SPUBLISH
 -- ARGV[3]  the channel "redisson_sc:{name}"
@@ -9,6 +11,9 @@
 local kind = redis.call('type', KEYS[1]).ok
 if kind == 'none' then
     redis.call('set', KEYS[1], ARGV[1])
+    if KEYS[2] then
+        redis.call('set', KEYS[2], ARGV[1])
+    end
     if tonumber(ARGV[1]) > 0 then
         redis.call(ARGV[2], ARGV[3], ARGV[1])
     end

@@ -142,6 +142,7 @@ impl Queue {
         Ticket { queue: self, id }
     }
 
+    #[cfg(any(test, feature = "test-hooks"))]
     /// How many of its waiters are parked (claimable) now.
     pub(crate) fn parked(&self) -> usize {
         self.entries.lock().parked()
@@ -164,6 +165,7 @@ impl Queue {
         *self.yield_until.lock() = Some(Instant::now() + YIELD_TO_OTHERS);
     }
 
+    #[cfg(any(test, feature = "test-hooks"))]
     /// Whether releases are ordinary ones for now because another client was found waiting.
     pub(crate) fn other_clients_wait(&self) -> bool {
         self.ordinary.load(Relaxed) > 0

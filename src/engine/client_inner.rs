@@ -9,7 +9,7 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 
 use crate::config::Config;
-use crate::conn::Conn;
+use crate::conn::{Conn, UserRedis};
 use crate::engine::holds::Holds;
 use crate::engine::hub::Hub;
 use crate::engine::scope::OwnerNumbers;
@@ -31,6 +31,9 @@ pub(crate) struct ClientInner {
     pub(crate) owners: OwnerNumbers,
     /// The permits of live permit guards, for shutdown to give back.
     pub(crate) outstanding_permits: Outstanding,
+    /// The user's own fred client ([`Client::redis`](crate::Client::redis)): connections of
+    /// its own, no lock traffic (invariant 17).
+    pub(crate) user: UserRedis,
 }
 
 /// What shutdown runs to give back the permits of a permit guard still alive: the error, if
@@ -113,6 +116,8 @@ impl Drop for ClientInner {
         // Dropped without shutdown(): stop the background tasks and connections.
         self.watchdog.stop();
         if self.conn.close() {
+            self.user
+                .close(self.conn.runtime(), self.conn.command_timeout());
             let conn = self.conn.clone();
             let hub = self.hub.clone();
             self.conn.runtime().spawn(async move {

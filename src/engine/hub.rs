@@ -304,6 +304,11 @@ impl Subscription {
         self.unused.used();
     }
 
+    /// Wakes every waiter of this waiter's group, parked or about to park.
+    pub(crate) fn wake_group(&self) {
+        self.group.wakes.wake_all();
+    }
+
     /// Hands the wake-up this waiter holds, if any, to the next waiter: it will not use it.
     pub(crate) fn pass_on(&self) {
         if self.unused.pass_on(&self.group.wakes, self.channel.wake) {
@@ -465,6 +470,7 @@ impl Hub {
         self.batons(name, key)?.claim()
     }
 
+    #[cfg(any(test, feature = "test-hooks"))]
     /// How many waiters of `key` on channel `name` a release could pass the lock to now.
     pub(crate) fn passable(&self, name: &str, key: &str) -> usize {
         self.batons(name, key).map_or(0, |batons| batons.parked())
@@ -483,6 +489,7 @@ impl Hub {
         self.batons(name, key)?.refusal(field, held_recheck, fresh)
     }
 
+    #[cfg(any(test, feature = "test-hooks"))]
     /// Whether releases of `key` are ordinary ones for now, another client having been
     /// found waiting on channel `name` (see [`crate::engine::baton`]).
     pub(crate) fn other_clients_wait(&self, name: &str, key: &str) -> bool {

@@ -79,6 +79,15 @@ impl Named {
         }
     }
 
+    /// The key's `PTTL`: -2 when it is absent, -1 when it has no expiry.
+    pub(crate) async fn pttl(&self) -> Result<i64> {
+        self.client
+            .conn
+            .read("PTTL", &self.key, vec![])
+            .await
+            .map_err(|e| self.error(&e))
+    }
+
     /// Maps a fred error met on this lock.
     pub(crate) fn error(&self, err: &fred::error::Error) -> Error {
         self.client.conn.error(err, self.name())

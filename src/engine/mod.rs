@@ -8,6 +8,7 @@ pub(crate) mod acquire;
 pub(crate) mod baton;
 pub(crate) mod call;
 pub(crate) mod client_inner;
+pub(crate) mod free;
 pub(crate) mod guard;
 pub(crate) mod holds;
 pub(crate) mod hub;

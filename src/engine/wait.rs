@@ -77,6 +77,12 @@ pub(crate) trait Attempts: Send {
         None
     }
 
+    /// Whether a waiter whose look succeeded after a wake-up wakes every other waiter of its
+    /// group: they wait for the same news (the lock became free), not for a turn.
+    fn wakes_group(&self) -> bool {
+        false
+    }
+
     /// The output for a guard passed to this waiter by a releaser of its client. `None`
     /// (never, for a kind that hands out batons) drops it, which releases its hold.
     fn passed(&mut self, _guard: Box<dyn Any + Send>) -> Option<Self::Output> {
@@ -293,6 +299,9 @@ pub(crate) fn wait_for<A: Attempts>(
                         Ok(Try::Got(output)) => {
                             if woken {
                                 tracing::debug!(lock = %waiter.attempts.name(), waited = ?waiter.start.elapsed(), "acquired after wake-up");
+                            }
+                            if waiter.attempts.wakes_group() {
+                                subscription.wake_group();
                             }
                             break 'wait Ok(Some(waiter.acquired(output)));
                         }

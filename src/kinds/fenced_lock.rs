@@ -101,6 +101,32 @@ struct Inner {
 pub type FencedGuard = Guard<FencedLock>;
 
 impl FencedLock {
+    /// Waits until the lock is free — held by nobody — **without taking it**: the other half
+    /// of a single-flight (stampede) guard. One caller takes the lock and computes; the rest
+    /// wait here, and the one unlock message that frees the lock wakes them all together,
+    /// instead of each taking the lock in turn.
+    ///
+    /// It reads the lock's expiry once; while the lock is held it subscribes to the lock's
+    /// channel (through the client's shared subscriber) and parks until the release's unlock
+    /// message, a reconnect, or the holder's remaining lease — so a lost message costs at
+    /// most that lease. Hand-offs between holders (a hold passed to the next waiter) do not
+    /// free the lock, and wake nobody here. "Free" is a moment: another caller may take the
+    /// lock right after.
+    ///
+    /// # Cancel safety
+    ///
+    /// Nothing is taken; dropping the future leaves no subscription behind.
+    /// See [`Lock::wait_until_free`](crate::Lock::wait_until_free) for the recipe.
+    pub async fn wait_until_free(&self) -> Result<()> {
+        crate::engine::free::until_free(self, None).await.map(drop)
+    }
+
+    /// [`wait_until_free`](Self::wait_until_free), for at most `wait`: `true` once the lock
+    /// is free, `false` when the wait ran out first.
+    pub async fn wait_until_free_for(&self, wait: std::time::Duration) -> Result<bool> {
+        crate::engine::free::until_free(self, Some(wait)).await
+    }
+
     pub(crate) fn new(client: Arc<ClientInner>, name: &str) -> FencedLock {
         let hash = HashLock::new(client, name, Self::KIND);
         let token_key = prefix_name(TOKEN_PREFIX, &hash.named.key);

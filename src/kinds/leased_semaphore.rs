@@ -21,9 +21,15 @@ lua_script!(ACQUIRE, "semaphore/leased_acquire.lua");
 lua_script!(RELEASE, "semaphore/leased_release.lua");
 lua_script!(RENEW, "semaphore/leased_renew.lua");
 lua_script!(STATE, "semaphore/leased_state.lua");
+lua_script!(SET_TOTAL, "semaphore/leased_set_permits.lua");
+lua_script!(TAKEN, "semaphore/leased_taken.lua");
+
+/// The score of a taken permit without a lease (a Redisson peer's `acquire()`).
+const NO_LEASE_SCORE: i64 = 922_337_203_685_477;
 
 /// Scripts of the leased semaphore, loaded at connect.
-pub(crate) static SCRIPTS: &[&LuaScript] = &[&ACQUIRE, &RELEASE, &RENEW, &STATE];
+pub(crate) static SCRIPTS: &[&LuaScript] =
+    &[&ACQUIRE, &RELEASE, &RENEW, &STATE, &SET_TOTAL, &TAKEN];
 
 /// A distributed semaphore whose permits have **ids and leases**: at most as many holders at
 /// once as it has permits, and a holder that crashes gives its permit back when its lease
@@ -323,16 +329,48 @@ impl LeasedSemaphore {
         Ok(permit.expect("waiting without a deadline ends only in a permit or an error"))
     }
 
-    /// Waits up to `wait` for `permits` permits taken together, all or none (renewed by the
-    /// watchdog): `None` when the wait ran out. `Duration::ZERO` is one attempt (Redisson's
-    /// `tryAcquire(permits)`); `Duration::MAX` waits forever. Refused as
+    /// Takes `permits` permits together for a fixed `lease` (never renewed), all or none,
+    /// waiting as long as it takes (Redisson's `acquire(permits, lease, unit)`). Refused as
     /// [`acquire_many`](Self::acquire_many) is.
     ///
     /// # Cancel safety
     ///
     /// As [`acquire`](Self::acquire).
     #[must_use = "dropping the permit releases it at once; bind it (`let _permit = ...`) for as long as it must be held"]
-    pub async fn try_acquire_many(
+    pub async fn acquire_many_with_lease(
+        &self,
+        permits: u32,
+        lease: Duration,
+    ) -> Result<LeasedPermit> {
+        let lease = Lease::Fixed(lease_millis(lease)?);
+        let permit = self.taking(permits)?.take(None, lease).await?;
+        Ok(permit.expect("waiting without a deadline ends only in a permit or an error"))
+    }
+
+    /// One attempt at `permits` permits taken together, all or none (renewed by the
+    /// watchdog), no waiting (Redisson's `tryAcquire(permits)`): `None` when fewer were free.
+    /// Refused as [`acquire_many`](Self::acquire_many) is.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire`](Self::acquire).
+    #[must_use = "dropping the permit releases it at once; bind it (`let _permit = ...`) for as long as it must be held"]
+    pub async fn try_acquire_many(&self, permits: u32) -> Result<Option<LeasedPermit>> {
+        self.taking(permits)?
+            .take(Some(Duration::ZERO), Lease::Watchdog)
+            .await
+    }
+
+    /// Waits up to `wait` for `permits` permits taken together, all or none (renewed by the
+    /// watchdog): `None` when the wait ran out. `Duration::ZERO` is
+    /// [`try_acquire_many`](Self::try_acquire_many); `Duration::MAX` waits forever. Refused
+    /// as [`acquire_many`](Self::acquire_many) is.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire`](Self::acquire).
+    #[must_use = "dropping the permit releases it at once; bind it (`let _permit = ...`) for as long as it must be held"]
+    pub async fn try_acquire_many_for(
         &self,
         permits: u32,
         wait: Duration,
@@ -403,7 +441,7 @@ impl LeasedSemaphore {
         let inner = &self.inner;
         inner.named.check()?;
         check_count(permits, "permits")?;
-        set_permits(&inner.named, &inner.counter, &inner.channel, permits).await
+        set_permits(&inner.named, &inner.counter, &inner.channel, permits, None).await
     }
 
     /// Adds `delta` free permits (a negative `delta` removes free ones; the count may go
@@ -418,7 +456,85 @@ impl LeasedSemaphore {
         let inner = &self.inner;
         inner.named.check()?;
         let taken = Some(&*inner.named.key);
-        add_permits(&inner.named, &inner.counter, &inner.channel, delta, taken).await
+        add_permits(
+            &inner.named,
+            &inner.counter,
+            &inner.channel,
+            delta,
+            taken,
+            true,
+        )
+        .await
+    }
+
+    /// Makes the semaphore's total `permits`, on a live semaphore too (Redisson's
+    /// `setPermits`): every permit whose lease ended is reclaimed first, then the free count
+    /// becomes `permits` less the permits still taken (10 in total, 4 taken, set to 6: 2
+    /// free; set to 3: -1 free, and acquires wait until one more is released). A semaphore
+    /// with no count yet is created. Waiters are told when permits are free. Returns the new
+    /// free count.
+    ///
+    /// Unlike Redisson's, ended leases do not count: a dead holder's permits come back
+    /// first. Refused with [`Error::InvalidArgument`] for more than
+    /// [`MAX_PERMITS`](crate::MAX_PERMITS).
+    pub async fn set_permits(&self, permits: u32) -> Result<i64> {
+        let inner = &self.inner;
+        let named = &inner.named;
+        named.check()?;
+        check_count(permits, "permits")?;
+        let conn = &named.client.conn;
+        let args = vec![
+            Value::from(i64::from(permits)),
+            Value::from_static_str(conn.publish_command()),
+            Value::from(&*inner.channel),
+        ];
+        let keys = [&*inner.counter, &*named.key];
+        let (free, _taken): (i64, i64) = conn
+            .eval(&SET_TOTAL, &keys, args)
+            .await
+            .map_err(|e| named.error(&e))?;
+        Ok(free)
+    }
+
+    /// The permits taken now, by id, with the lease each has left by the server's clock
+    /// (`None`: no lease, a Redisson peer's permit without one), after reclaiming every
+    /// permit whose lease ended; at most `limit` of them, soonest to end first. For
+    /// inspection (`redbaton status`); a permit's holder may be any process.
+    pub async fn permits_taken(&self, limit: usize) -> Result<Vec<(PermitId, Option<Duration>)>> {
+        let inner = &self.inner;
+        let named = &inner.named;
+        named.check()?;
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let conn = &named.client.conn;
+        let args = vec![
+            Value::from_static_str(conn.publish_command()),
+            Value::from(&*inner.channel),
+            Value::from(limit.min(i64::MAX as usize) as i64),
+        ];
+        let keys = [&*inner.counter, &*named.key];
+        let listed: Vec<Value> = conn
+            .eval(&TAKEN, &keys, args)
+            .await
+            .map_err(|e| named.error(&e))?;
+        let unexpected = || Error::Redis(format!("unexpected permit list for {:?}", named.name()));
+        let (now, listed) = listed.split_first().ok_or_else(unexpected)?;
+        let now_ms = now.as_i64().ok_or_else(unexpected)?;
+        let mut taken = Vec::new();
+        for pair in listed.chunks(2) {
+            let [id, score] = pair else {
+                return Err(unexpected());
+            };
+            let bytes = id.as_bytes().and_then(|b| <[u8; 16]>::try_from(b).ok());
+            // A member that is no permit id (written by hand) is not listed.
+            let Some(bytes) = bytes else { continue };
+            let score = score.as_f64().ok_or_else(unexpected)? as i64;
+            let left = (score < NO_LEASE_SCORE)
+                .then(|| Duration::from_millis(score.saturating_sub(now_ms).max(0) as u64));
+            taken.push((PermitId::from_bytes(bytes), left));
+        }
+        Ok(taken)
     }
 
     /// The number of free permits now, after reclaiming every permit whose lease ended (0

@@ -166,13 +166,7 @@ impl HashLock {
     pub(crate) async fn remaining_ttl(&self) -> Result<Option<Duration>> {
         let named = &self.named;
         named.check()?;
-        let pttl: i64 = named
-            .client
-            .conn
-            .read("PTTL", &named.key, vec![])
-            .await
-            .map_err(|e| named.error(&e))?;
-        match pttl {
+        match named.pttl().await? {
             -2 => Ok(None),
             ms if ms >= 0 => Ok(Some(Duration::from_millis(ms as u64))),
             _ => Err(named.no_expiry()),
@@ -271,6 +265,54 @@ macro_rules! hash_lock_methods {
 pub(crate) use hash_lock_methods;
 
 impl Lock {
+    /// Waits until the lock is free — held by nobody — **without taking it**: the other half
+    /// of a single-flight (stampede) guard. One caller takes the lock and computes; the rest
+    /// wait here, and the one unlock message that frees the lock wakes them all together,
+    /// instead of each taking the lock in turn.
+    ///
+    /// It reads the lock's expiry once; while the lock is held it subscribes to the lock's
+    /// channel (through the client's shared subscriber) and parks until the release's unlock
+    /// message, a reconnect, or the holder's remaining lease — so a lost message costs at
+    /// most that lease. Hand-offs between holders (a hold passed to the next waiter) do not
+    /// free the lock, and wake nobody here. "Free" is a moment: another caller may take the
+    /// lock right after.
+    ///
+    /// # Cancel safety
+    ///
+    /// Nothing is taken; dropping the future leaves no subscription behind.
+    ///
+    /// ```no_run
+    /// # async fn run(client: redbaton::Client) -> redbaton::Result<()> {
+    /// # async fn compute() -> String { String::new() }
+    /// # async fn store(_: &str) {}
+    /// # async fn cached() -> Option<String> { None }
+    /// use std::time::Duration;
+    /// let lock = client.lock("report:42:refresh");
+    /// let report = match lock.try_lock().await? {
+    ///     Some(guard) => {
+    ///         let fresh = compute().await; // one caller computes ...
+    ///         store(&fresh).await;
+    ///         guard.unlock().await?; // ... and its unlock wakes every waiter at once
+    ///         Some(fresh)
+    ///     }
+    ///     None => {
+    ///         // the rest wait for it, bounded, then read what it stored
+    ///         lock.wait_until_free_for(Duration::from_secs(10)).await?;
+    ///         cached().await
+    ///     }
+    /// };
+    /// # let _ = report; Ok(()) }
+    /// ```
+    pub async fn wait_until_free(&self) -> Result<()> {
+        crate::engine::free::until_free(self, None).await.map(drop)
+    }
+
+    /// [`wait_until_free`](Self::wait_until_free), for at most `wait`: `true` once the lock
+    /// is free, `false` when the wait ran out first (`Duration::ZERO` looks once).
+    pub async fn wait_until_free_for(&self, wait: Duration) -> Result<bool> {
+        crate::engine::free::until_free(self, Some(wait)).await
+    }
+
     pub(crate) fn new(client: Arc<ClientInner>, name: &str) -> Lock {
         Lock {
             inner: Arc::new(HashLock::new(client, name, Self::KIND)),

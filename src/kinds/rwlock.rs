@@ -280,6 +280,27 @@ impl ReadWriteLock {
         }
     }
 
+    /// Waits until the lock is free — no reader and no writer — **without taking it**: the
+    /// waiting side of a single-flight guard whose computing side takes the write half. The
+    /// unlock message that frees the lock (the writer's, or the last reader's) wakes every
+    /// waiter at once; see [`Lock::wait_until_free`](crate::Lock::wait_until_free) for the
+    /// recipe and its limits.
+    ///
+    /// # Cancel safety
+    ///
+    /// Nothing is taken; dropping the future leaves no subscription behind.
+    pub async fn wait_until_free(&self) -> Result<()> {
+        crate::engine::free::until_free(&self.read(), None)
+            .await
+            .map(drop)
+    }
+
+    /// [`wait_until_free`](Self::wait_until_free), for at most `wait`: `true` once the lock
+    /// is free, `false` when the wait ran out first.
+    pub async fn wait_until_free_for(&self, wait: std::time::Duration) -> Result<bool> {
+        crate::engine::free::until_free(&self.read(), Some(wait)).await
+    }
+
     /// The read half: shared holds, excluded by a writer.
     pub fn read(&self) -> ReadLock {
         ReadLock {

@@ -13,7 +13,7 @@ use crate::engine::call::{bounded, Finish};
 use crate::engine::client_inner::ClientInner;
 use crate::engine::hub::Wake;
 use crate::engine::wait::{wait_for, Attempts, Try};
-use crate::kinds::{prefix_name, Named};
+use crate::kinds::{prefix_name, suffix_name, Named};
 use crate::{Error, Result};
 
 lua_script!(ACQUIRE, "semaphore/acquire.lua");
@@ -21,10 +21,17 @@ lua_script!(RELEASE, "semaphore/release.lua");
 lua_script!(SET_PERMITS, "semaphore/set_permits.lua");
 lua_script!(ADD_PERMITS, "semaphore/add_permits.lua");
 lua_script!(DRAIN, "semaphore/drain.lua");
+lua_script!(SET_TOTAL, "semaphore/set_total.lua");
 
 /// Scripts of the semaphores, loaded at connect.
-pub(crate) static SCRIPTS: &[&LuaScript] =
-    &[&ACQUIRE, &RELEASE, &SET_PERMITS, &ADD_PERMITS, &DRAIN];
+pub(crate) static SCRIPTS: &[&LuaScript] = &[
+    &ACQUIRE,
+    &RELEASE,
+    &SET_PERMITS,
+    &ADD_PERMITS,
+    &DRAIN,
+    &SET_TOTAL,
+];
 
 /// Prefix of a semaphore's channel (Redisson's `redisson_sc`), shared by both semaphores.
 pub(crate) const CHANNEL_PREFIX: &str = "redisson_sc";
@@ -109,17 +116,17 @@ pub const MAX_RECHECK_INTERVAL: Duration = Duration::from_secs(3600);
 /// let crawlers = client.semaphore("crawler-slots");
 /// crawlers.try_set_permits(4).await?;     // once; false if already set
 ///
-/// let permit = crawlers.acquire(1).await?; // waits for a free permit
+/// let permit = crawlers.acquire().await?; // waits for a free permit
 /// // ... crawl; an error here drops `permit`, which gives it back; if this process dies
 /// // here, the permit is lost for good ...
 /// permit.release().await?;                 // or drop it: given back in the background
 ///
-/// if let Some(permits) = crawlers.try_acquire_for(2, Duration::from_secs(1)).await? {
+/// if let Some(permits) = crawlers.try_acquire_many_for(2, Duration::from_secs(1)).await? {
 ///     permits.release().await?;
 /// }
 ///
 /// // Redisson's way: taken here, given back later by whoever finishes the job.
-/// crawlers.acquire(1).await?.forget();
+/// crawlers.acquire().await?.forget();
 /// crawlers.release(1).await?;
 /// # client.shutdown().await }
 /// ```
@@ -132,14 +139,22 @@ pub struct Semaphore {
 struct Inner {
     named: Named,
     channel: Arc<str>,
+    /// The record of the total number of permits (`{name}:permits`), which
+    /// [`set_permits`](Semaphore::set_permits) moves the free count from.
+    total: Arc<str>,
 }
 
 impl Semaphore {
     pub(crate) fn new(client: Arc<ClientInner>, name: &str) -> Semaphore {
         let named = Named::new(client, name);
         let channel = prefix_name(CHANNEL_PREFIX, &named.key);
+        let (total, _) = suffix_name(&named.key, "permits");
         Semaphore {
-            inner: Arc::new(Inner { named, channel }),
+            inner: Arc::new(Inner {
+                named,
+                channel,
+                total,
+            }),
             recheck: DEFAULT_RECHECK_INTERVAL,
         }
     }
@@ -173,23 +188,102 @@ impl Semaphore {
 
     /// Sets the number of free permits to `permits` if the semaphore has none set yet (its
     /// key is absent): `true` when set, `false` when it already existed. Waiters are told.
+    /// It also records `permits` as the semaphore's total, which
+    /// [`set_permits`](Self::set_permits) changes later.
     pub async fn try_set_permits(&self, permits: u32) -> Result<bool> {
         let named = &self.inner.named;
         named.check()?;
         check_count(permits, "permits")?;
-        set_permits(named, &named.key, &self.inner.channel, permits).await
+        let record = Some(&*self.inner.total);
+        set_permits(named, &named.key, &self.inner.channel, permits, record).await
+    }
+
+    /// Makes the semaphore's total `permits`, on a live semaphore too: the free count moves
+    /// by the difference from the total set last, so permits held now stay counted (4 held
+    /// of a total of 10, set to 6: 2 free; set to 3: -1 free, and acquires wait until one
+    /// more is given back). Waiters are told when permits become free. Returns the new free
+    /// count.
+    ///
+    /// A plain permit belongs to nobody, so the total is a record redbaton keeps beside the
+    /// count (`{name}:permits`), written by [`try_set_permits`](Self::try_set_permits), this
+    /// method and [`add_permits`](Self::add_permits). A semaphore with no count yet is
+    /// created with `permits` free. One whose count was set without that record — by a
+    /// Redisson peer, or by [`release`](Self::release) or `add_permits` on an absent count
+    /// — is refused with [`Error::InvalidArgument`], nothing changed: its total is unknown
+    /// (change it with `add_permits(delta)`, or delete its key and set it again). Redisson's
+    /// own `addPermits` does not move the record.
+    ///
+    /// Refused with [`Error::InvalidArgument`], nothing changed, for more than
+    /// [`MAX_PERMITS`], or when the free count would leave the range of a Java `int`.
+    pub async fn set_permits(&self, permits: u32) -> Result<i64> {
+        let named = &self.inner.named;
+        named.check()?;
+        check_count(permits, "permits")?;
+        let conn = &named.client.conn;
+        let args = vec![
+            Value::from(i64::from(permits)),
+            Value::from_static_str(conn.publish_command()),
+            Value::from(&*self.inner.channel),
+        ];
+        let keys = [&*named.key, &*self.inner.total];
+        let reply: Value = conn.eval(&SET_TOTAL, &keys, args).await.map_err(|e| {
+            if e.details().starts_with("NOTOTAL") {
+                Error::InvalidArgument(format!(
+                    "semaphore {:?} has a count but no record of its total (set by a Redisson \
+                     peer, or by release/add_permits on an absent count): change it with \
+                     add_permits(delta), or delete its key and set it again",
+                    named.name()
+                ))
+            } else {
+                named.error(&e)
+            }
+        })?;
+        match reply {
+            Value::Null => Err(out_of_range(named, &format!("a total of {permits}"))),
+            reply => reply.as_i64().ok_or_else(|| {
+                Error::Redis(format!(
+                    "unexpected set_permits reply for {:?}",
+                    named.name()
+                ))
+            }),
+        }
     }
 
     /// Adds `delta` free permits (a negative `delta` removes some; the count may go below
     /// zero, and then acquires wait until releases bring it back up). Creates the semaphore if
-    /// it has no count yet. Clears any expiry set on the key, as Redisson does.
+    /// it has no count yet. Clears any expiry set on the key, as Redisson does. The total
+    /// recorded for [`set_permits`](Self::set_permits), if any, moves by `delta` too.
     ///
     /// Refused with [`Error::InvalidArgument`], nothing changed, when the count would leave
     /// the range of a Java `int` (a Redisson peer could not read it).
     pub async fn add_permits(&self, delta: i64) -> Result<()> {
         let named = &self.inner.named;
         named.check()?;
-        add_permits(named, &named.key, &self.inner.channel, delta, None).await
+        let record = Some(&*self.inner.total);
+        add_permits(named, &named.key, &self.inner.channel, delta, record, false).await
+    }
+
+    /// The key of the total recorded for [`set_permits`](Self::set_permits)
+    /// (`{name}:permits`).
+    pub fn total_key(&self) -> &str {
+        &self.inner.total
+    }
+
+    /// The total recorded for [`set_permits`](Self::set_permits): `None` when none was (the
+    /// count was set by a Redisson peer, or by `release`/`add_permits` on an absent count).
+    pub async fn total_permits(&self) -> Result<Option<i64>> {
+        let named = &self.inner.named;
+        named.check()?;
+        let value: Option<String> = named
+            .client
+            .conn
+            .read("GET", &self.inner.total, vec![])
+            .await
+            .map_err(|e| named.error(&e))?;
+        match value {
+            None => Ok(None),
+            value => parse_count(named, value).map(Some),
+        }
     }
 
     /// The number of free permits now (0 when the semaphore has no count yet; negative after
@@ -206,38 +300,72 @@ impl Semaphore {
         parse_count(named, value)
     }
 
-    /// Takes `permits` permits, waiting as long as it takes; they are held until the
-    /// [`SemaphorePermit`] is released, dropped or [forgotten](SemaphorePermit::forget). `0`
-    /// returns at once.
+    /// Takes one permit, waiting as long as it takes (tokio's `Semaphore::acquire`); it is
+    /// held until the [`SemaphorePermit`] is released, dropped or
+    /// [forgotten](SemaphorePermit::forget).
     ///
     /// # Cancel safety
     ///
     /// Dropping the future takes no permit (see the type's documentation).
     #[must_use = "dropping the permit gives its permits back at once; bind it (`let _permit = ...`) for as long as they must be held"]
-    pub async fn acquire(&self, permits: u32) -> Result<SemaphorePermit> {
+    pub async fn acquire(&self) -> Result<SemaphorePermit> {
+        self.acquire_many(1).await
+    }
+
+    /// Takes `permits` permits together, waiting as long as it takes (tokio's
+    /// `acquire_many`); they are held until the [`SemaphorePermit`] is released, dropped or
+    /// [forgotten](SemaphorePermit::forget). `0` returns at once.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire`](Self::acquire).
+    #[must_use = "dropping the permit gives its permits back at once; bind it (`let _permit = ...`) for as long as they must be held"]
+    pub async fn acquire_many(&self, permits: u32) -> Result<SemaphorePermit> {
         let taken = self.take(permits, None).await?;
         Ok(taken.expect("waiting without a deadline ends only in permits or an error"))
     }
 
-    /// One attempt, no waiting: the permits when `permits` were free, `None` when not. `0`
-    /// is taken with no call to Redis, as in Redisson.
+    /// One attempt at one permit, no waiting: `None` when none is free.
     ///
     /// # Cancel safety
     ///
     /// As [`acquire`](Self::acquire).
     #[must_use = "dropping the permit gives its permits back at once; bind it (`let _permit = ...`) for as long as they must be held"]
-    pub async fn try_acquire(&self, permits: u32) -> Result<Option<SemaphorePermit>> {
+    pub async fn try_acquire(&self) -> Result<Option<SemaphorePermit>> {
+        self.take(1, Some(Duration::ZERO)).await
+    }
+
+    /// One attempt at `permits` permits, no waiting: `None` when fewer were free. `0` is
+    /// taken with no call to Redis, as in Redisson.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire`](Self::acquire).
+    #[must_use = "dropping the permit gives its permits back at once; bind it (`let _permit = ...`) for as long as they must be held"]
+    pub async fn try_acquire_many(&self, permits: u32) -> Result<Option<SemaphorePermit>> {
         self.take(permits, Some(Duration::ZERO)).await
     }
 
-    /// Waits up to `wait` for `permits` permits: `None` when the wait ran out.
-    /// `Duration::MAX` waits forever; `Duration::ZERO` is [`try_acquire`](Self::try_acquire).
+    /// Waits up to `wait` for one permit: `None` when the wait ran out. `Duration::MAX` waits
+    /// forever; `Duration::ZERO` is [`try_acquire`](Self::try_acquire).
     ///
     /// # Cancel safety
     ///
     /// As [`acquire`](Self::acquire).
     #[must_use = "dropping the permit gives its permits back at once; bind it (`let _permit = ...`) for as long as they must be held"]
-    pub async fn try_acquire_for(
+    pub async fn try_acquire_for(&self, wait: Duration) -> Result<Option<SemaphorePermit>> {
+        self.take(1, Some(wait)).await
+    }
+
+    /// Waits up to `wait` for `permits` permits taken together: `None` when the wait ran
+    /// out. `Duration::MAX` waits forever; `Duration::ZERO` is
+    /// [`try_acquire_many`](Self::try_acquire_many).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire`](Self::acquire).
+    #[must_use = "dropping the permit gives its permits back at once; bind it (`let _permit = ...`) for as long as they must be held"]
+    pub async fn try_acquire_many_for(
         &self,
         permits: u32,
         wait: Duration,
@@ -349,12 +477,14 @@ pub(crate) fn parse_count(named: &Named, value: Option<String>) -> Result<i64> {
     }
 }
 
-/// `trySetPermits` on the counter `counter`, shared by both semaphores.
+/// `trySetPermits` on the counter `counter`, shared by both semaphores; `record` is a plain
+/// semaphore's record of its total, set with the count.
 pub(crate) async fn set_permits(
     named: &Named,
     counter: &str,
     channel: &str,
     permits: u32,
+    record: Option<&str>,
 ) -> Result<bool> {
     let conn = &named.client.conn;
     let args = vec![
@@ -362,23 +492,27 @@ pub(crate) async fn set_permits(
         Value::from_static_str(conn.publish_command()),
         Value::from(channel),
     ];
+    let mut keys = vec![counter];
+    keys.extend(record);
     let set: i64 = conn
-        .eval(&SET_PERMITS, &[counter], args)
+        .eval(&SET_PERMITS, &keys, args)
         .await
         .map_err(|e| named.error(&e))?;
     Ok(set == 1)
 }
 
-/// `addPermits` on the counter `counter`, shared by both semaphores. `leased` is a leased
-/// semaphore's sorted set of taken permits: they count towards the limit (each comes back
-/// to the counter), and its messages carry the delta rather than the new count, as
-/// Redisson's `RPermitExpirableSemaphore` does.
+/// `addPermits` on the counter `counter`, shared by both semaphores. With `leased`, `other`
+/// is a leased semaphore's sorted set of taken permits: they count towards the limit (each
+/// comes back to the counter), and its messages carry the delta rather than the new count, as
+/// Redisson's `RPermitExpirableSemaphore` does. Without, `other` is a plain semaphore's
+/// record of its total, moved by the delta when it exists.
 pub(crate) async fn add_permits(
     named: &Named,
     counter: &str,
     channel: &str,
     delta: i64,
-    leased: Option<&str>,
+    other: Option<&str>,
+    leased: bool,
 ) -> Result<()> {
     if delta.unsigned_abs() > u64::from(MAX_PERMITS) {
         return Err(Error::InvalidArgument(format!(
@@ -389,7 +523,7 @@ pub(crate) async fn add_permits(
         return Ok(());
     }
     let conn = &named.client.conn;
-    let message = if leased.is_some() { "delta" } else { "count" };
+    let message = if leased { "delta" } else { "count" };
     let args = vec![
         Value::from(delta),
         Value::from_static_str(conn.publish_command()),
@@ -397,7 +531,7 @@ pub(crate) async fn add_permits(
         Value::from(channel),
     ];
     let mut keys = vec![counter];
-    keys.extend(leased);
+    keys.extend(other);
     // A counted call, never re-sent blind: a second run would add twice.
     let call = conn.call(&ADD_PERMITS, &keys, args);
     let reply = bounded(call, conn)

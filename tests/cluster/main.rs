@@ -105,7 +105,7 @@ async fn hold(client: &Client, kind: Kind, name: &str) -> redbaton::Result<Relea
         Kind::Semaphore => {
             let semaphore = client.semaphore(name);
             semaphore.try_set_permits(1).await?;
-            let permit = semaphore.acquire(1).await?;
+            let permit = semaphore.acquire().await?;
             boxed(async move { permit.release().await })
         }
         Kind::LeasedSemaphore => {

@@ -239,3 +239,39 @@ fn a_node_whose_first_port_is_taken_starts_on_the_next() {
     assert_ne!(server.port, taken_port);
     assert!(cli(server.port, &["info", "cluster"]).contains("cluster_enabled:1"));
 }
+
+/// The scripts added for issue 39 name keys of one slot on a cluster: a semaphore's total
+/// set live (both kinds), a leased semaphore's permits listed, a lock waited on until free —
+/// for names with and without a hash tag, on several primaries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn set_permits_and_wait_until_free_run_on_a_cluster() {
+    let cluster = RedisCluster::start(3, 0);
+    let client = client(&cluster, PubSubMode::Classic, RENEWED_LEASE).await;
+    let mut names = names_on_distinct_primaries(&cluster, 3);
+    names.push("{tagged}:slots".to_owned());
+    for name in &names {
+        let plain = client.semaphore(name);
+        assert!(plain.try_set_permits(2).await.unwrap());
+        let held = plain.acquire().await.unwrap();
+        assert_eq!(plain.set_permits(4).await.unwrap(), 3, "{name}");
+        held.release().await.unwrap();
+
+        let leased = client.leased_semaphore(format!("{name}:leased"));
+        assert!(leased.try_set_permits(1).await.unwrap());
+        let permit = leased.acquire().await.unwrap();
+        assert_eq!(leased.set_permits(3).await.unwrap(), 2, "{name}");
+        assert_eq!(leased.permits_taken(10).await.unwrap().len(), 1);
+        permit.release().await.unwrap();
+
+        let lock = client.lock(format!("{name}:lock"));
+        let guard = lock.lock().await.unwrap();
+        let waiter = {
+            let lock = lock.clone();
+            tokio::spawn(async move { lock.wait_until_free_for(Duration::from_secs(20)).await })
+        };
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        guard.unlock().await.unwrap();
+        assert!(waiter.await.unwrap().unwrap(), "{name}: woken once free");
+    }
+    client.shutdown().await.unwrap();
+}

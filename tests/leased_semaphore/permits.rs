@@ -286,11 +286,7 @@ async fn several_permits_are_taken_together_as_redisson_takes_them() {
     assert!(members.iter().all(|(_, score)| *score == members[0].1));
 
     // All or none: three are not free, nothing is taken.
-    assert!(sem
-        .try_acquire_many(3, Duration::ZERO)
-        .await
-        .unwrap()
-        .is_none());
+    assert!(sem.try_acquire_many(3).await.unwrap().is_none());
     assert_eq!(get(&raw, "batch").await.as_deref(), Some("2"));
     assert_eq!(taken(&raw, sem.timeout_key()).await.len(), 3);
 
@@ -301,7 +297,7 @@ async fn several_permits_are_taken_together_as_redisson_takes_them() {
     assert_eq!(reply.as_str().as_deref(), Some("OK"));
     let waiter = {
         let sem = sem.with_recheck_interval(NO_RECHECK).unwrap();
-        tokio::spawn(async move { sem.try_acquire_many(2, Duration::from_secs(60)).await })
+        tokio::spawn(async move { sem.try_acquire_many_for(2, Duration::from_secs(60)).await })
     };
     assert!(
         eventually(Duration::from_secs(10), || async {
@@ -371,7 +367,7 @@ async fn several_permits_are_taken_together_as_redisson_takes_them() {
 
     // Bad input: typed errors, nothing sent.
     for n in [0, MAX_PERMITS_AT_ONCE + 1] {
-        let refused = sem.try_acquire_many(n, Duration::ZERO).await;
+        let refused = sem.try_acquire_many(n).await;
         assert!(
             matches!(refused, Err(Error::InvalidArgument(_))),
             "{n}: {refused:?}"
@@ -426,5 +422,51 @@ async fn a_released_permit_passes_a_larger_waiter_to_a_smaller_one() {
     assert_eq!(permit.permits(), 1);
     assert!(!big.is_finished());
     big.abort();
+    client.shutdown().await.unwrap();
+}
+
+/// `set_permits` changes the total of a live leased semaphore: the permits taken stay
+/// counted, those whose lease ended do not (reclaimed first); `permits_taken` lists what is
+/// held, with the lease left (issue 39).
+#[tokio::test]
+async fn set_permits_changes_the_total_counting_live_leases_only() {
+    let server = RedisServer::start();
+    let client = client(&server.url()).await;
+    let sem = client.leased_semaphore("pool");
+    assert!(sem.try_set_permits(4).await.unwrap());
+    let held = sem.acquire_many(2).await.unwrap();
+    let short = sem
+        .acquire_with_lease(Duration::from_millis(100))
+        .await
+        .unwrap();
+    assert_eq!(sem.set_permits(6).await.unwrap(), 3, "6 in total, 3 taken");
+    let listed = sem.permits_taken(10).await.unwrap();
+    assert_eq!(listed.len(), 3, "{listed:?}");
+    for id in held.ids() {
+        let (_, left) = listed
+            .iter()
+            .find(|(listed, _)| *listed == id)
+            .expect("listed");
+        let left = left.expect("a lease");
+        assert!(
+            left > Duration::from_secs(5) && left <= Duration::from_secs(30),
+            "{left:?}"
+        );
+    }
+    tokio::time::timeout(Duration::from_secs(10), short.lost())
+        .await
+        .expect("the short lease ends");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // The ended lease is reclaimed, not counted.
+    assert_eq!(sem.set_permits(3).await.unwrap(), 1, "3 in total, 2 taken");
+    assert_eq!(sem.permits_taken(10).await.unwrap().len(), 2);
+    assert_eq!(sem.permits_taken(1).await.unwrap().len(), 1);
+    assert_eq!(sem.set_permits(1).await.unwrap(), -1);
+    held.release().await.unwrap();
+    assert_eq!(sem.available_permits().await.unwrap(), 1);
+    assert!(matches!(
+        sem.set_permits(u32::MAX).await,
+        Err(Error::InvalidArgument(_))
+    ));
     client.shutdown().await.unwrap();
 }

@@ -190,3 +190,83 @@ async fn lost_fires_after_force_unlock_by_another_client() {
     a.shutdown().await.unwrap();
     b.shutdown().await.unwrap();
 }
+
+/// A hold removed behind its holder's back is felt within `lease_check_interval`, not at the
+/// next renewal (here every 20 s), even with no task of the holder's client waiting on the
+/// lock (no unlock message reaches it) — issue 39 item 2.
+#[tokio::test]
+async fn a_force_unlock_is_felt_within_the_lease_check_interval() {
+    let server = RedisServer::start();
+    let holder = Client::builder()
+        .url(server.url())
+        .watchdog_lease(Duration::from_secs(60))
+        .lease_check_interval(Duration::from_millis(300))
+        .connect()
+        .await
+        .unwrap();
+    let other = client(&server).await;
+    let guard = holder.lock("checked").lock().await.unwrap();
+    // Past the first check: the next renewal is 20 s away.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!guard.is_lost());
+    let forced = Instant::now();
+    assert!(other.lock("checked").force_unlock().await.unwrap());
+    tokio::time::timeout(Duration::from_secs(5), guard.lost())
+        .await
+        .expect("told within the check interval, not at the next renewal (20 s)");
+    eprintln!("told {:?} after the force-unlock", forced.elapsed());
+    holder.shutdown().await.unwrap();
+    other.shutdown().await.unwrap();
+}
+
+/// Connecting with a command timeout not well under a third of the watchdog lease warns:
+/// one stalled renewal could then cost the lease (issue 39 item 3).
+#[tokio::test]
+async fn a_command_timeout_near_a_third_of_the_lease_is_warned_about() {
+    let server = RedisServer::start();
+    // This test's runtime is current-thread: connecting runs on this thread, under it.
+    let (captured, _default) = crate::captured::Captured::warnings();
+    let text = || captured.text();
+    let fine = Client::builder()
+        .url(server.url())
+        .watchdog_lease(Duration::from_secs(30))
+        .command_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .unwrap();
+    assert!(!text().contains("command timeout"), "{}", text());
+    let risky = Client::builder()
+        .url(server.url())
+        .watchdog_lease(Duration::from_secs(6))
+        .command_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .unwrap();
+    assert!(
+        text().contains("WARN") && text().contains("command timeout is not well under"),
+        "{}",
+        text()
+    );
+    fine.shutdown().await.unwrap();
+    risky.shutdown().await.unwrap();
+}
+
+/// What the `Client` docs promise for a client dropped without `shutdown()` while the runtime
+/// runs on: its dropped guard's release, a background task, still frees the lock at once —
+/// not after the lease (issue 39 item 4; only a runtime that ends first leaves it held).
+#[tokio::test]
+async fn a_client_dropped_with_its_guard_frees_the_lock_while_the_runtime_runs() {
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let client = client(&server).await;
+    let guard = client.lock("dropped").lock().await.unwrap();
+    drop(guard);
+    drop(client);
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            raw.exists::<i64, _>("dropped").await.unwrap() == 0
+        })
+        .await,
+        "the lock is still held after the client and its guard were dropped"
+    );
+}

@@ -230,3 +230,148 @@ async fn a_waiter_rechecks_only_after_its_subscription_is_confirmed() {
     holder.shutdown().await.unwrap();
     waiters.shutdown().await.unwrap();
 }
+
+/// The single-flight wait: waiters of `wait_until_free` take nothing, and the one unlock
+/// message that frees the lock wakes them all together — without the group's wake-up, all
+/// but the first would sleep until the holder's lease (30 s) ran out (issue 39 item 7).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_until_free_are_all_woken_by_one_unlock_and_take_nothing() {
+    const WAITERS: usize = 40;
+    let server = RedisServer::start();
+    let holder = client(&server).await;
+    let others = client(&server).await;
+    let guard = holder.lock("report").lock().await.unwrap();
+    assert!(!others
+        .lock("report")
+        .wait_until_free_for(Duration::from_millis(100))
+        .await
+        .unwrap());
+    let mut waiters = Vec::new();
+    for i in 0..WAITERS {
+        // Half in the holder's own client, half in another.
+        let lock = if i % 2 == 0 { &holder } else { &others }.lock("report");
+        waiters.push(tokio::spawn(async move {
+            lock.wait_until_free().await.unwrap();
+            Instant::now()
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(waiters.iter().all(|w| !w.is_finished()), "the lock is held");
+    let released = Instant::now();
+    guard.unlock().await.unwrap();
+    for waiter in waiters {
+        let woken = tokio::time::timeout(Duration::from_secs(10), waiter)
+            .await
+            .expect("every waiter is woken by the unlock, not by the lease's end")
+            .unwrap();
+        let late = woken.saturating_duration_since(released);
+        assert!(
+            late < Duration::from_secs(5),
+            "woken {late:?} after the unlock"
+        );
+    }
+    assert!(
+        !holder.lock("report").is_locked().await.unwrap(),
+        "nothing taken"
+    );
+    // Free already: at once, with no subscription.
+    assert!(others
+        .lock("report")
+        .wait_until_free_for(Duration::ZERO)
+        .await
+        .unwrap());
+    holder.shutdown().await.unwrap();
+    others.shutdown().await.unwrap();
+}
+
+/// The figures of issue 39 item 7: a stampede guard — one task computes for 200 ms, 199
+/// others wait — over a plain `Lock` and over a read/write lock (the computing task holds
+/// the write half), the waiters spread over 1 or 4 clients (4 stand for 4 processes: each
+/// has its own subscriber). Baseline: the waiters take the lock (or the read half) in turn,
+/// `lock()` then `unlock()`; against `wait_until_free`. Prints how long after the computation
+/// ended each waiter went on (p50, p99, max). Run with
+/// `cargo test -p redbaton --test lock stampede_figures -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement, not a check"]
+async fn stampede_figures() {
+    const WAITERS: usize = 199;
+    let server = RedisServer::start();
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        clients.push(client(&server).await);
+    }
+    for spread in [1, 4] {
+        for (rwlock, free_wait) in [(false, false), (false, true), (true, false), (true, true)] {
+            let name = format!("stampede-{spread}-{rwlock}-{free_wait}");
+            let rw_guard = match rwlock {
+                true => Some(
+                    clients[0]
+                        .read_write_lock(&name)
+                        .write()
+                        .lock()
+                        .await
+                        .unwrap(),
+                ),
+                false => None,
+            };
+            let guard = match rwlock {
+                false => Some(clients[0].lock(&name).lock().await.unwrap()),
+                true => None,
+            };
+            let mut waiters = Vec::new();
+            for i in 0..WAITERS {
+                let client = clients[i % spread].clone();
+                let name = name.clone();
+                waiters.push(tokio::spawn(async move {
+                    match (rwlock, free_wait) {
+                        (false, true) => client.lock(&name).wait_until_free().await.unwrap(),
+                        (false, false) => {
+                            let held = client.lock(&name).lock().await.unwrap();
+                            held.unlock().await.unwrap()
+                        }
+                        (true, true) => client
+                            .read_write_lock(&name)
+                            .wait_until_free()
+                            .await
+                            .unwrap(),
+                        (true, false) => {
+                            let rw = client.read_write_lock(&name);
+                            let held = rw.read().lock().await.unwrap();
+                            held.unlock().await.unwrap()
+                        }
+                    }
+                    Instant::now()
+                }));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let ended = Instant::now();
+            if let Some(guard) = guard {
+                guard.unlock().await.unwrap();
+            }
+            if let Some(guard) = rw_guard {
+                guard.unlock().await.unwrap();
+            }
+            let mut after = Vec::new();
+            for waiter in waiters {
+                after.push(waiter.await.unwrap().saturating_duration_since(ended));
+            }
+            after.sort();
+            let at = |q: f64| after[((after.len() - 1) as f64 * q) as usize];
+            println!(
+                "{} over {spread} client(s), {}: p50 {:?}, p99 {:?}, max {:?}",
+                if rwlock { "read/write lock" } else { "lock" },
+                if free_wait {
+                    "wait_until_free"
+                } else {
+                    "taken in turn"
+                },
+                at(0.5),
+                at(0.99),
+                at(1.0)
+            );
+        }
+    }
+    for client in clients {
+        client.shutdown().await.unwrap();
+    }
+}

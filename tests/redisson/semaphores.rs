@@ -73,11 +73,11 @@ pub async fn semaphore_permits_add_up(env: &Env, name: &str) {
     sem(&java, "sem-acquire", 1, name, "2").await;
     assert_eq!(sem_rs.available_permits().await.unwrap(), 1);
     assert!(
-        sem_rs.try_acquire(2).await.unwrap().is_none(),
+        sem_rs.try_acquire_many(2).await.unwrap().is_none(),
         "one permit is left"
     );
     let one = sem_rs
-        .try_acquire(1)
+        .try_acquire()
         .await
         .unwrap()
         .expect("one permit is left");
@@ -89,7 +89,7 @@ pub async fn semaphore_permits_add_up(env: &Env, name: &str) {
     let waiter = parked_task(
         env,
         &channel,
-        async move { acquire.acquire(1).await.unwrap() },
+        async move { acquire.acquire().await.unwrap() },
     )
     .await;
     let released = sem(&java, "sem-release", 1, name, "1").await.t0;
@@ -126,7 +126,7 @@ pub async fn semaphore_permits_add_up(env: &Env, name: &str) {
             for _ in 0..8 {
                 let hold = Duration::from_millis(fastrand::u64(5..25));
                 if worker % 2 == 0 {
-                    let permit = sem_rs.acquire(1).await.unwrap();
+                    let permit = sem_rs.acquire().await.unwrap();
                     let from = now_ms();
                     tokio::time::sleep(hold).await;
                     let to = now_ms();

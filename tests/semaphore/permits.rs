@@ -27,7 +27,7 @@ async fn at_most_n_permits_are_held_at_any_instant() {
                     let permits = 1 + ((c + t + round) % 2) as u32;
                     if (t + round) % 3 == 0 {
                         while !kept(
-                            sem.try_acquire_for(
+                            sem.try_acquire_many_for(
                                 permits,
                                 Duration::from_millis(fastrand::u64(1..50)),
                             )
@@ -35,7 +35,7 @@ async fn at_most_n_permits_are_held_at_any_instant() {
                             .unwrap(),
                         ) {}
                     } else {
-                        sem.acquire(permits).await.unwrap().forget();
+                        sem.acquire_many(permits).await.unwrap().forget();
                     }
                     let from = Instant::now();
                     let now =
@@ -92,12 +92,12 @@ async fn contenders_joined_in_one_task_stay_within_n() {
                 let permit = if round % 3 == 0 {
                     loop {
                         let wait = Duration::from_millis(fastrand::u64(1..50));
-                        if let Some(p) = sem.try_acquire_for(permits, wait).await.unwrap() {
+                        if let Some(p) = sem.try_acquire_many_for(permits, wait).await.unwrap() {
                             break p;
                         }
                     }
                 } else {
-                    sem.acquire(permits).await.unwrap()
+                    sem.acquire_many(permits).await.unwrap()
                 };
                 let from = Instant::now();
                 let now =
@@ -162,9 +162,9 @@ async fn cancelled_and_timed_out_acquires_leave_no_permit_taken() {
                 let permits = 1 + (i % 2) as u32;
                 let cut = Duration::from_micros(fastrand::u64(0..20_000));
                 let got = if i % 3 == 0 {
-                    kept(sem.try_acquire_for(permits, cut).await.unwrap())
+                    kept(sem.try_acquire_many_for(permits, cut).await.unwrap())
                 } else {
-                    let acquire = sem.acquire(permits);
+                    let acquire = sem.acquire_many(permits);
                     match tokio::time::timeout(cut, acquire).await {
                         Ok(permit) => permit.unwrap().forget() == permits,
                         Err(_) => false,
@@ -220,7 +220,7 @@ async fn an_acquire_whose_caller_left_gives_its_permits_back() {
         .unwrap();
     proxy.set(Mode::RepliesDelayed(Duration::from_millis(1300)));
 
-    let timed_out = sem.try_acquire(2).await;
+    let timed_out = sem.try_acquire_many(2).await;
     assert!(matches!(timed_out, Err(Error::Timeout(_))), "{timed_out:?}");
     // The other is dropped once its script ran (or it times out). It goes through a client of
     // its own: one client's scripts travel one group at a time, so behind the first's slow
@@ -229,7 +229,7 @@ async fn an_acquire_whose_caller_left_gives_its_permits_back() {
     let both_ran = || async { get(&raw, "slow").await.as_deref() == Some("0") };
     let other_sem = other.semaphore("slow");
     tokio::select! {
-        outcome = other_sem.acquire(3) => {
+        outcome = other_sem.acquire_many(3) => {
             assert!(matches!(outcome, Err(Error::Timeout(_))), "{outcome:?}")
         }
         ran = eventually(Duration::from_secs(10), both_ran) => {
@@ -256,8 +256,8 @@ async fn an_acquire_whose_caller_left_gives_its_permits_back() {
 /// A job that takes permits the ordinary way — bound for as long as it runs — and then fails
 /// before it gives them back, as code using `?` does.
 async fn failing_job(sem: &Semaphore) -> redbaton::Result<()> {
-    let _one = sem.acquire(1).await?;
-    let _two = sem.try_acquire_for(2, Duration::from_secs(5)).await?;
+    let _one = sem.acquire().await?;
+    let _two = sem.try_acquire_many_for(2, Duration::from_secs(5)).await?;
     Err(Error::InvalidArgument("the job failed".to_owned()))
 }
 
@@ -292,7 +292,7 @@ async fn a_permit_is_given_back_by_release_drop_or_cancel_and_kept_by_forget() {
     sem.try_set_permits(5).await.unwrap();
 
     // release: back before it returns.
-    let permit = sem.acquire(2).await.unwrap();
+    let permit = sem.acquire_many(2).await.unwrap();
     assert_eq!(permit.permits(), 2);
     assert_eq!(permit.semaphore_name(), "guarded");
     assert_eq!(sem.available_permits().await.unwrap(), 3);
@@ -301,8 +301,8 @@ async fn a_permit_is_given_back_by_release_drop_or_cancel_and_kept_by_forget() {
 
     // forget keeps them taken; a permit dropped after it comes back, the forgotten ones stay
     // out until a release(n) gives them back.
-    assert_eq!(sem.acquire(2).await.unwrap().forget(), 2);
-    drop(sem.try_acquire(1).await.unwrap().expect("3 free"));
+    assert_eq!(sem.acquire_many(2).await.unwrap().forget(), 2);
+    drop(sem.try_acquire().await.unwrap().expect("3 free"));
     assert!(
         eventually(Duration::from_secs(20), || async {
             sem.available_permits().await.unwrap() == 3
@@ -319,7 +319,7 @@ async fn a_permit_is_given_back_by_release_drop_or_cancel_and_kept_by_forget() {
     let holder = {
         let sem = sem.clone();
         tokio::spawn(async move {
-            let _permits = sem.acquire(4).await.unwrap();
+            let _permits = sem.acquire_many(4).await.unwrap();
             held_tx.send(()).unwrap();
             std::future::pending::<()>().await;
         })
@@ -337,7 +337,7 @@ async fn a_permit_is_given_back_by_release_drop_or_cancel_and_kept_by_forget() {
     );
 
     // release reports a refusal: the count would pass what a Redisson peer reads.
-    let permit = sem.acquire(1).await.unwrap();
+    let permit = sem.acquire().await.unwrap();
     sem.add_permits(i64::from(MAX_PERMITS) - 4).await.unwrap();
     let refused = permit.release().await;
     assert!(
@@ -365,13 +365,13 @@ async fn drain_permits_takes_every_free_permit_as_redisson_does() {
     assert_eq!(exists, 0, "nothing created");
 
     sem.try_set_permits(5).await.unwrap();
-    sem.acquire(2).await.unwrap().forget();
+    sem.acquire_many(2).await.unwrap().forget();
     let _: () = raw.pexpire("drained", 60_000, None).await.unwrap();
     assert_eq!(sem.drain_permits().await.unwrap(), 3);
     assert_eq!(get(&raw, "drained").await.as_deref(), Some("0"));
     let pttl: i64 = raw.pttl("drained").await.unwrap();
     assert_eq!(pttl, -1, "the SET clears the expiry, as Redisson's does");
-    assert!(sem.try_acquire(1).await.unwrap().is_none(), "none left");
+    assert!(sem.try_acquire().await.unwrap().is_none(), "none left");
 
     // A negative count is raised to 0 and returned as it was.
     sem.add_permits(-3).await.unwrap();
@@ -408,8 +408,8 @@ async fn shutdown_gives_back_the_permits_still_held() {
     let client = client(&server.url()).await;
     let sem = client.semaphore("at-exit");
     sem.try_set_permits(5).await.unwrap();
-    let held = sem.acquire(2).await.unwrap();
-    sem.acquire(1).await.unwrap().forget();
+    let held = sem.acquire_many(2).await.unwrap();
+    sem.acquire().await.unwrap().forget();
     client.shutdown().await.unwrap();
     assert_eq!(
         get(&raw, "at-exit").await.as_deref(),
@@ -435,7 +435,7 @@ async fn a_permit_dropped_just_before_shutdown_is_back_once_shutdown_returns() {
     sem.try_set_permits(100).await.unwrap();
     let mut permits = Vec::new();
     for _ in 0..50 {
-        permits.push(sem.acquire(2).await.unwrap());
+        permits.push(sem.acquire_many(2).await.unwrap());
     }
     drop(permits);
     client.shutdown().await.unwrap();
@@ -444,4 +444,62 @@ async fn a_permit_dropped_just_before_shutdown_is_back_once_shutdown_returns() {
         Some("100"),
         "the dropped permits are back once shutdown returns"
     );
+}
+
+/// `set_permits` changes the total of a live semaphore: permits held stay counted, the free
+/// count moves by the difference, waiters are woken by the permits it frees; `add_permits`
+/// moves the recorded total too (issue 39: `try_set_permits` works once only).
+#[tokio::test]
+async fn set_permits_changes_the_total_of_a_live_semaphore() {
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let client = client(&server.url()).await;
+    let sem = client.semaphore("pool");
+    assert!(sem.try_set_permits(4).await.unwrap());
+    assert_eq!(sem.total_permits().await.unwrap(), Some(4));
+    let held = sem.acquire_many(3).await.unwrap();
+    assert_eq!(sem.set_permits(6).await.unwrap(), 3, "6 in total, 3 held");
+    assert_eq!(sem.available_permits().await.unwrap(), 3);
+    assert_eq!(sem.set_permits(2).await.unwrap(), -1, "2 in total, 3 held");
+    // A waiter is woken by the permits a larger total frees.
+    let waiter = {
+        let sem = sem.clone();
+        tokio::spawn(async move { sem.acquire_many(2).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!waiter.is_finished(), "no permit is free");
+    assert_eq!(sem.set_permits(4).await.unwrap(), 1);
+    assert_eq!(sem.set_permits(5).await.unwrap(), 2);
+    let woken = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter is woken by the permits set_permits freed")
+        .unwrap()
+        .unwrap();
+    woken.release().await.unwrap();
+    held.release().await.unwrap();
+    assert_eq!(sem.available_permits().await.unwrap(), 5);
+    sem.add_permits(2).await.unwrap();
+    assert_eq!(sem.total_permits().await.unwrap(), Some(7));
+    assert_eq!(get(&raw, sem.total_key()).await.as_deref(), Some("7"));
+
+    // A count set without the record (a Redisson peer's `trySetPermits`): its total is
+    // unknown, and nothing changes.
+    let () = raw.set("peer", "3", None, None, false).await.unwrap();
+    let peer = client.semaphore("peer");
+    assert!(matches!(
+        peer.set_permits(5).await,
+        Err(Error::InvalidArgument(_))
+    ));
+    assert_eq!(get(&raw, "peer").await.as_deref(), Some("3"));
+    assert_eq!(peer.total_permits().await.unwrap(), None);
+    // An absent count is a new semaphore.
+    let fresh = client.semaphore("fresh");
+    assert_eq!(fresh.set_permits(5).await.unwrap(), 5);
+    assert_eq!(fresh.available_permits().await.unwrap(), 5);
+    assert!(!fresh.try_set_permits(9).await.unwrap());
+    assert!(matches!(
+        fresh.set_permits(MAX_PERMITS + 1).await,
+        Err(Error::InvalidArgument(_))
+    ));
+    client.shutdown().await.unwrap();
 }

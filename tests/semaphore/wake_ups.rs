@@ -37,7 +37,7 @@ async fn a_release_wakes_exactly_as_many_waiters_as_permits_appeared() {
     for i in 0..5 {
         let (sem, tx) = (sem.clone(), tx.clone());
         tasks.push(tokio::spawn(async move {
-            sem.acquire(1).await.unwrap().forget();
+            sem.acquire().await.unwrap().forget();
             tx.send(i).unwrap();
         }));
     }
@@ -90,16 +90,15 @@ async fn waiters_across_processes_are_woken_by_releases() {
     let raw = server.raw().await;
     let holder = a.semaphore("cross");
     holder.try_set_permits(2).await.unwrap();
-    assert!(kept(holder.try_acquire(2).await.unwrap()));
+    assert!(kept(holder.try_acquire_many(2).await.unwrap()));
     for waiter_client in [&b, &a] {
         let waiter = waiter_client
             .semaphore("cross")
             .with_recheck_interval(NO_RECHECK)
             .unwrap();
-        assert!(!kept(waiter.try_acquire(1).await.unwrap()));
+        assert!(!kept(waiter.try_acquire().await.unwrap()));
         let before = support::script_calls(&raw).await;
-        let task =
-            tokio::spawn(async move { waiter.acquire(1).await.map(SemaphorePermit::forget) });
+        let task = tokio::spawn(async move { waiter.acquire().await.map(SemaphorePermit::forget) });
         support::parked_fresh(&raw, "redisson_sc:{cross}", before).await;
         holder.release(1).await.unwrap();
         tokio::time::timeout(Duration::from_secs(20), task)
@@ -136,12 +135,13 @@ async fn a_released_permit_reaches_the_waiter_that_can_use_it(same_client: bool)
 
     let before = runs.count().await;
     let big = sem(&big_client);
-    let big_task = tokio::spawn(async move { big.acquire(2).await.map(SemaphorePermit::forget) });
+    let big_task =
+        tokio::spawn(async move { big.acquire_many(2).await.map(SemaphorePermit::forget) });
     // Parked before the smaller request comes: first in its process's line for a wake-up.
     let parked = wait_quiet(&runs, before + 1, Duration::from_millis(500)).await;
     let small = sem(small_client);
     let small_task =
-        tokio::spawn(async move { small.acquire(1).await.map(SemaphorePermit::forget) });
+        tokio::spawn(async move { small.acquire().await.map(SemaphorePermit::forget) });
     wait_quiet(&runs, parked + 1, Duration::from_millis(500)).await;
     let subscribers = if same_client { 1 } else { 2 };
     assert!(

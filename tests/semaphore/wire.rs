@@ -21,9 +21,9 @@ async fn wire_layout_and_messages_match_redisson() {
     assert!(!sem.try_set_permits(5).await.unwrap(), "only once");
     assert_eq!(get(&raw, "slots").await.as_deref(), Some("3"));
 
-    assert!(kept(sem.try_acquire(2).await.unwrap()));
+    assert!(kept(sem.try_acquire_many(2).await.unwrap()));
     assert_eq!(get(&raw, "slots").await.as_deref(), Some("1"));
-    assert!(!kept(sem.try_acquire(2).await.unwrap()), "one left");
+    assert!(!kept(sem.try_acquire_many(2).await.unwrap()), "one left");
     assert_eq!(sem.available_permits().await.unwrap(), 1);
     sem.release(2).await.unwrap();
     assert_eq!(get(&raw, "slots").await.as_deref(), Some("3"));
@@ -60,10 +60,10 @@ async fn bad_input_is_refused_with_typed_errors() {
     let sem = client.semaphore("input");
     let too_many = MAX_PERMITS + 1;
     let invalid = |r: Result<(), Error>| matches!(r, Err(Error::InvalidArgument(_)));
-    assert!(invalid(sem.acquire(too_many).await.map(drop)));
-    assert!(invalid(sem.try_acquire(too_many).await.map(drop)));
+    assert!(invalid(sem.acquire_many(too_many).await.map(drop)));
+    assert!(invalid(sem.try_acquire_many(too_many).await.map(drop)));
     assert!(invalid(
-        sem.try_acquire_for(too_many, Duration::from_secs(1))
+        sem.try_acquire_many_for(too_many, Duration::from_secs(1))
             .await
             .map(drop)
     ));
@@ -73,20 +73,20 @@ async fn bad_input_is_refused_with_typed_errors() {
     assert!(invalid(sem.add_permits(-i64::from(too_many)).await));
     assert!(invalid(sem.with_recheck_interval(Duration::ZERO).map(drop)));
     assert!(invalid(sem.with_recheck_interval(Duration::MAX).map(drop)));
-    assert!(invalid(client.semaphore("").try_acquire(1).await.map(drop)));
+    assert!(invalid(client.semaphore("").try_acquire().await.map(drop)));
     assert!(invalid(
         client.semaphore("").available_permits().await.map(drop)
     ));
 
     // Zero permits, as in Redisson: taken at once and released as a no-op, with no call.
     let before = command_calls(&raw).await;
-    assert!(kept(sem.try_acquire(0).await.unwrap()));
+    assert!(kept(sem.try_acquire_many(0).await.unwrap()));
     assert!(sem
-        .try_acquire_for(0, Duration::from_secs(1))
+        .try_acquire_many_for(0, Duration::from_secs(1))
         .await
         .unwrap()
         .is_some());
-    drop(sem.acquire(0).await.unwrap());
+    drop(sem.acquire_many(0).await.unwrap());
     sem.release(0).await.unwrap();
     sem.add_permits(0).await.unwrap();
     let after = command_calls(&raw).await;
@@ -155,12 +155,12 @@ async fn a_key_of_another_type_is_refused_and_left_alone() {
         let sem = client.semaphore(key);
         let wrong = |r: Result<(), Error>| matches!(r, Err(Error::WrongType { .. }));
         assert!(
-            wrong(sem.try_acquire(1).await.map(drop)),
+            wrong(sem.try_acquire().await.map(drop)),
             "{key}: try_acquire"
         );
         assert!(
             wrong(
-                sem.try_acquire_for(1, Duration::from_millis(300))
+                sem.try_acquire_for(Duration::from_millis(300))
                     .await
                     .map(drop)
             ),
@@ -232,11 +232,11 @@ async fn a_redisson_peer_shares_the_permits_both_ways() {
     // The peer takes both; we wait, and the peer's release (its message: the new count)
     // wakes us at once.
     assert!(peer_try_acquire(&raw, &sem, 2).await);
-    assert!(!kept(sem.try_acquire(1).await.unwrap()));
+    assert!(!kept(sem.try_acquire().await.unwrap()));
     let before = support::script_calls(&raw).await;
     let waiter = {
         let sem = sem.clone();
-        tokio::spawn(async move { sem.acquire(1).await.map(SemaphorePermit::forget) })
+        tokio::spawn(async move { sem.acquire().await.map(SemaphorePermit::forget) })
     };
     support::parked_fresh(&raw, sem.channel(), before).await;
     peer_release(&raw, &sem, 1).await;
@@ -264,7 +264,7 @@ async fn a_redisson_peer_shares_the_permits_both_ways() {
     let before = support::script_calls(&raw).await;
     let waiter = {
         let sem = sem.clone();
-        tokio::spawn(async move { sem.acquire(2).await.map(SemaphorePermit::forget) })
+        tokio::spawn(async move { sem.acquire_many(2).await.map(SemaphorePermit::forget) })
     };
     support::parked_fresh(&raw, sem.channel(), before).await;
     peer_release(&raw, &sem, 2).await; // publishes "2"
@@ -296,11 +296,10 @@ async fn semaphores_work_on_a_cluster() {
         let scripts_on = serving(name);
         let sem = a.semaphore(name);
         assert!(sem.try_set_permits(1).await.unwrap());
-        assert!(kept(sem.try_acquire(1).await.unwrap()));
+        assert!(kept(sem.try_acquire().await.unwrap()));
         let waiter = b.semaphore(name).with_recheck_interval(NO_RECHECK).unwrap();
         let before = support::script_calls(&scripts_on).await;
-        let task =
-            tokio::spawn(async move { waiter.acquire(1).await.map(SemaphorePermit::forget) });
+        let task = tokio::spawn(async move { waiter.acquire().await.map(SemaphorePermit::forget) });
         // Parked (subscribed, and its attempt after subscribing found nothing) before the
         // release: only the message can wake it.
         support::parked_fresh_across(&nodes, &scripts_on, sem.channel(), before).await;

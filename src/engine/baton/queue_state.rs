@@ -89,6 +89,7 @@ impl<G> Entries<G> {
         id
     }
 
+    #[cfg(any(test, feature = "test-hooks"))]
     /// How many waiters are parked (claimable).
     pub(crate) fn parked(&self) -> usize {
         self.queue
