@@ -131,7 +131,7 @@ FRED_API = re.compile(r"\bfred::(?:clients|interfaces|prelude)\b|\bCustomCommand
 FRED_API_ALLOWED = {"conn", "client"}
 # Modules still reaching fred's command API on their own, each with the reason; none should
 # stay here for long.
-FRED_API_EXCEPTIONS = {"engine/hub.rs": "the hub drives its subscriber connection itself"}
+FRED_API_EXCEPTIONS = {}
 
 
 def layer_breaches(edges):

@@ -8,7 +8,7 @@ use fred::prelude::{Builder as FredBuilder, Config as FredConfig, ReconnectPolic
 use fred::types::config::TcpConfig;
 
 use crate::config::{redact_url, Builder, Config};
-use crate::conn::{Composite, Conn, Replicas, UserRedis};
+use crate::conn::{Composite, Conn, Replicas, Subscriber, UserRedis};
 use crate::engine::call::{bounded, CALL_BOUND};
 use crate::engine::client_inner::ClientInner;
 use crate::engine::holds::{Holds, Loss};
@@ -280,7 +280,7 @@ impl Client {
         let metrics = ClientMetrics::new(config.metrics_label_names);
         let holds = Holds::new(id.clone(), config.watchdog_lease, metrics);
         let subscriber = builder.build_subscriber_client().map_err(connect_error)?;
-        let started = Hub::start(subscriber, config.pubsub, holds.clone());
+        let started = Hub::start(Subscriber::new(subscriber, config.pubsub), holds.clone());
         let hub = match tokio::time::timeout(init_timeout, started).await {
             Ok(Ok(hub)) => hub,
             Ok(Err(e)) => {

@@ -31,6 +31,7 @@ mod pubsub;
 mod replication;
 mod run;
 mod send;
+mod subscriber;
 mod user;
 
 use std::collections::HashMap;
@@ -54,6 +55,7 @@ pub(crate) use composite::Composite;
 use group::Groups;
 use replication::{follow_replicas, Replication};
 use run::Run;
+pub(crate) use subscriber::Subscriber;
 pub(crate) use user::UserRedis;
 
 /// A Lua script of the crate: its text, compiled into the binary, and its SHA1.

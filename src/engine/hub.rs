@@ -27,193 +27,23 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dashmap::DashMap;
-use fred::clients::SubscriberClient;
-use fred::interfaces::{ClientLike, ClusterInterface, EventInterface, PubsubInterface};
-use fred::types::{ClusterHash, CustomCommand, Value};
+use fred::error::Error as FredError;
 use parking_lot::Mutex;
-use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 
-use crate::config::PubSubMode;
+use crate::conn::Subscriber;
 use crate::engine::baton::{Claim, Queue};
 use crate::engine::holds::{Entry, Holds};
+mod channel;
+mod tasks;
 pub(crate) mod wake_state;
+
+pub(crate) use channel::{Channel, Group};
+use tasks::{apply_ops, dispatch_messages, drop_idle, follow_shards};
 
 pub(crate) use wake_state::Wake;
 use wake_state::{TakenWakeUp, Wakes};
-
-/// One channel as seen by this process.
-pub(crate) struct Channel {
-    name: Arc<str>,
-    wake: Wake,
-    confirmed: AtomicBool,
-    confirm: Notify,
-    /// Why the server refused this channel's subscription (an ACL without the channel or
-    /// the command): its waiters fail with [`Error::Auth`](crate::Error::Auth) instead of
-    /// silently polling. A later waiter, once this channel is gone, tries again.
-    refused: Mutex<Option<String>>,
-    /// The waiter groups, by key. Few per channel (usually one).
-    groups: Mutex<Vec<Arc<Group>>>,
-    /// Messages delivered so far (wrapping), counted before the groups are read: a waiter
-    /// that registers its group after a message was delivered sees the count moved (see
-    /// [`Hub::confirmed_channel`]).
-    delivered: AtomicU32,
-}
-
-/// The waiters of one key on a channel.
-pub(crate) struct Group {
-    key: Arc<str>,
-    /// Its waiters' wake-ups (the group leaves its channel when none is registered).
-    wakes: Wakes,
-    /// The batons of its waiters that can be passed the lock (see [`crate::engine::baton`]).
-    batons: Arc<Queue>,
-    /// [`Wake::Lock`]: when the lock's lease ends, as the last `-<ms>` message said, while a
-    /// timer task waits to wake the waiters then (`None`: no news, no timer).
-    lease_end: Mutex<Option<Instant>>,
-    /// Tells that timer the end moved or was dropped.
-    lease_moved: Notify,
-}
-
-impl Group {
-    /// The lock's lease now ends `ms` from now: every waiter is woken then, by a timer task
-    /// (one per group, following later news). Waiters are not woken now: the lock is still
-    /// held, and a re-check would only read the new expiry, one round trip each.
-    fn lease_ends_in(self: &Arc<Self>, ms: u64) {
-        let Some(end) = Instant::now().checked_add(Duration::from_millis(ms)) else {
-            return;
-        };
-        let timer_idle = self.lease_end.lock().replace(end).is_none();
-        if timer_idle {
-            tokio::spawn(wake_at_lease_end(self.clone()));
-        } else {
-            self.lease_moved.notify_one();
-        }
-    }
-
-    /// Drops the news of the lease's end (the lock was released and waiters woken, or none is
-    /// left): its timer stops.
-    fn forget_lease_end(&self) {
-        if self.lease_end.lock().take().is_some() {
-            self.lease_moved.notify_one();
-        }
-    }
-}
-
-impl Channel {
-    /// Resolves once the server has processed this channel's SUBSCRIBE (or refused it).
-    pub(crate) async fn confirmed(&self) {
-        loop {
-            let notified = self.confirm.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if self.is_confirmed() || self.refused.lock().is_some() {
-                return;
-            }
-            notified.await;
-        }
-    }
-
-    fn set_confirmed(&self, confirmed: bool) {
-        self.confirmed.store(confirmed, Ordering::Release);
-        if confirmed {
-            self.confirm.notify_waiters();
-        }
-    }
-
-    pub(crate) fn is_confirmed(&self) -> bool {
-        self.confirmed.load(Ordering::Acquire)
-    }
-
-    /// The messages delivered on this channel so far (wrapping).
-    pub(crate) fn delivered(&self) -> u32 {
-        self.delivered.load(Ordering::Acquire)
-    }
-
-    /// The server's refusal of this subscription, if it refused it.
-    pub(crate) fn refused(&self) -> Option<String> {
-        self.refused.lock().clone()
-    }
-
-    /// Records a refusal when `error` is one (a permission, not a passing failure), waking
-    /// the waiters so they report it. Returns whether it was.
-    fn refuse_if_denied(&self, error: &fred::error::Error) -> bool {
-        let details = error.details();
-        if !details.starts_with("NOPERM") && !details.starts_with("NOAUTH") {
-            return false;
-        }
-        tracing::error!(channel = %self.name, error = %details, "the server refuses this subscription: its waiters fail");
-        *self.refused.lock() = Some(details.to_owned());
-        self.confirm.notify_waiters();
-        self.groups
-            .lock()
-            .iter()
-            .for_each(|g| g.wakes.wake_parked());
-        true
-    }
-
-    /// Doubts every hold of this channel's keys that this client holds through a hand-off in
-    /// memory: the message may say Redis no longer has it (a force-unlock), or messages may
-    /// have been lost. It ends the run of hand-offs at once (invariant 16,
-    /// docs/DESIGN.md).
-    fn doubt_handed(&self, holds: &Holds) {
-        for group in self.groups.lock().iter() {
-            if let Some((entry, generation)) = group.batons.unlock_heard() {
-                holds.doubt(entry, generation);
-            }
-        }
-    }
-
-    /// Applies a message to every group. Returns whether it was an unlock message, which may
-    /// say a hold of this client is gone (see [`doubt_handed`](Channel::doubt_handed)).
-    fn deliver(&self, message: &Value) -> bool {
-        // Before the groups are read: a group registered after they were is told by the count.
-        self.delivered.fetch_add(1, Ordering::AcqRel);
-        let Some(text) = message.as_str() else {
-            return false;
-        };
-        let groups = self.groups.lock().clone();
-        match (self.wake, &*text) {
-            (Wake::Lock, "0") => {
-                tracing::trace!(channel = %self.name, "unlock message: waking one waiter");
-                groups.iter().for_each(|g| {
-                    g.forget_lease_end();
-                    g.wakes.wake_one();
-                });
-                true
-            }
-            (Wake::Lock, "1") => {
-                tracing::trace!(channel = %self.name, "write-unlock message: waking all waiters");
-                groups.iter().for_each(|g| {
-                    g.forget_lease_end();
-                    g.wakes.wake_all();
-                });
-                true
-            }
-            (Wake::Lock, news) => {
-                let Some(ms) = news.strip_prefix('-').and_then(|ms| ms.parse::<u64>().ok()) else {
-                    return false;
-                };
-                tracing::trace!(channel = %self.name, ms, "the lock's expiry came closer: waking all waiters then");
-                groups.iter().for_each(|g| g.lease_ends_in(ms));
-                false
-            }
-            (Wake::Permits, n) => {
-                let Ok(permits) = n.parse::<u64>() else {
-                    return false;
-                };
-                if permits == 0 {
-                    return false;
-                }
-                tracing::trace!(channel = %self.name, permits, "permits released: waking as many waiters");
-                groups
-                    .iter()
-                    .for_each(|g| g.wakes.permits_released(permits));
-                false
-            }
-        }
-    }
-}
 
 struct Slot {
     channel: Arc<Channel>,
@@ -234,10 +64,9 @@ enum Op {
 }
 
 pub(crate) struct Hub {
-    subscriber: SubscriberClient,
+    subscriber: Subscriber,
     /// The client's holds: an unlock message doubts one held through a hand-off in memory.
     holds: Arc<Holds>,
-    mode: PubSubMode,
     /// Hashed with foldhash (seeded per process): every release of a lock looks its channel
     /// up here for a parked waiter to pass it to.
     channels: DashMap<Arc<str>, Slot, foldhash::fast::RandomState>,
@@ -346,21 +175,14 @@ impl Drop for Subscription {
 impl Hub {
     /// Connects the subscriber and starts the hub's tasks.
     pub(crate) async fn start(
-        subscriber: SubscriberClient,
-        mode: PubSubMode,
+        subscriber: Subscriber,
         holds: Arc<Holds>,
-    ) -> Result<Arc<Hub>, fred::error::Error> {
-        // Receivers first: the initial connection also emits a reconnect event.
-        let mut reconnects = subscriber.reconnect_rx();
-        let messages = subscriber.message_rx();
-        subscriber.init().await?;
-        // Consume the initial connection's event, or it would count as a reconnect.
-        let _ = tokio::time::timeout(std::time::Duration::from_secs(1), reconnects.recv()).await;
+    ) -> Result<Arc<Hub>, FredError> {
+        let (messages, reconnects) = subscriber.connect().await?;
         let (ops, ops_rx) = mpsc::unbounded_channel();
         let hub = Arc::new(Hub {
             subscriber,
             holds,
-            mode,
             channels: DashMap::with_hasher(Default::default()),
             ops,
             generation: AtomicU64::new(0),
@@ -368,7 +190,7 @@ impl Hub {
             closed: AtomicBool::new(false),
             idle: Notify::new(),
         });
-        if mode == PubSubMode::Sharded && hub.subscriber.is_clustered() {
+        if hub.subscriber.follows_shards() {
             tokio::spawn(follow_shards(Arc::downgrade(&hub)));
         }
         tokio::spawn(dispatch_messages(hub.clone(), messages));
@@ -540,337 +362,6 @@ impl Hub {
             .map(|slot| slot.channel.clone())
             .collect()
     }
-
-    async fn send_subscribe(&self, names: Vec<String>) -> Result<(), fred::error::Error> {
-        match self.mode {
-            PubSubMode::Classic => self.subscriber.subscribe(names).await,
-            PubSubMode::Sharded => {
-                // One at a time: a multi-channel SSUBSCRIBE must stay within one slot.
-                for name in names {
-                    let mut tries = 0;
-                    loop {
-                        tries += 1;
-                        match self.subscriber.ssubscribe(name.clone()).await {
-                            // Redirected: the slot moved or is moving (fred, told to follow
-                            // no redirection, answers either error, seen during migrations)
-                            // and re-read the slot map. Subscribing twice does no harm: again,
-                            // a few times while a migration settles, or waiters would wait for
-                            // the lease.
-                            Err(e)
-                                if tries < SUBSCRIBE_TRIES
-                                    && (crate::error::is_redirect(&e)
-                                        || crate::error::is_rewrite(&e)) =>
-                            {
-                                tokio::time::sleep(std::time::Duration::from_millis(20 * tries))
-                                    .await;
-                            }
-                            other => break other?,
-                        }
-                    }
-                }
-                Ok(())
-            }
-        }
-    }
-
-    async fn send_unsubscribe(&self, name: &str) -> Result<(), fred::error::Error> {
-        match self.mode {
-            PubSubMode::Classic => self.subscriber.unsubscribe(name).await,
-            PubSubMode::Sharded => self.subscriber.sunsubscribe(name).await,
-        }
-    }
-
-    /// Resolves once the server has processed everything sent on the subscriber before it.
-    async fn barrier(&self) -> Result<(), fred::error::Error> {
-        match self.mode {
-            // SSUBSCRIBE already waits for the server's reply.
-            PubSubMode::Sharded => Ok(()),
-            PubSubMode::Classic if self.subscriber.is_clustered() => {
-                // fred sends a cluster client's SUBSCRIBEs to the node owning the slot of its
-                // id; the PING must go there too, or it proves nothing.
-                let slot = fred::util::redis_keyslot(self.subscriber.id().as_bytes());
-                let ping = CustomCommand::new_static("PING", ClusterHash::Custom(slot), false);
-                self.subscriber
-                    .custom::<Value, Value>(ping, Vec::new())
-                    .await
-                    .map(drop)
-            }
-            PubSubMode::Classic => self.subscriber.ping::<Value>(None).await.map(drop),
-        }
-    }
-
-    /// Whether a subscribed shard channel's slot is served by another primary in `now` than in
-    /// `before`.
-    fn shard_moved(
-        &self,
-        before: &fred::types::cluster::ClusterRouting,
-        now: &fred::types::cluster::ClusterRouting,
-    ) -> bool {
-        self.channels.iter().any(|channel| {
-            let slot = fred::util::redis_keyslot(channel.key().as_bytes());
-            before.get_server(slot) != now.get_server(slot)
-        })
-    }
-}
-
-/// Drops the subscriptions that lingered [`LINGER`] without a waiter; sleeps while there are
-/// none. One task per hub, rather than a timer per departure: on many keys, the last waiter
-/// of some channel leaves at almost every release.
-async fn drop_idle(hub: Arc<Hub>) {
-    loop {
-        hub.idle.notified().await;
-        loop {
-            if hub.closed.load(Ordering::Acquire) {
-                return;
-            }
-            tokio::time::sleep(LINGER / 2).await;
-            let now = Instant::now();
-            let mut lingering = false;
-            let idle: Vec<Arc<str>> = hub
-                .channels
-                .iter()
-                .filter_map(|slot| {
-                    let since = slot.idle_since?;
-                    lingering = true;
-                    (now.saturating_duration_since(since) >= LINGER).then(|| slot.key().clone())
-                })
-                .collect();
-            for name in idle {
-                let removed = hub.channels.remove_if(&name, |_, slot| {
-                    let expired = slot
-                        .idle_since
-                        .is_some_and(|since| now.saturating_duration_since(since) >= LINGER);
-                    if expired {
-                        // Queued under the map entry's lock: ordered after this channel's
-                        // SUBSCRIBE and before any later one.
-                        let _ = hub.ops.send(Op::Unsubscribe(name.clone()));
-                    }
-                    expired
-                });
-                drop(removed);
-            }
-            if !lingering {
-                break;
-            }
-        }
-    }
-}
-
-/// Sharded pub/sub on a cluster: a shard subscription lives on the node serving its slot, and
-/// when the slot moves (failover, resharding) that node drops it with a SUNSUBSCRIBE push that
-/// fred discards, while the connection stays up. So, while channels are subscribed, re-read
-/// the slot map every `SHARD_SCAN` (Redisson scans its cluster topology periodically too) and
-/// resubscribe, waking every waiter, when the owner of a subscribed slot changed.
-async fn follow_shards(hub: std::sync::Weak<Hub>) {
-    // The slot map as of the last look: every subscription since was sent with it or a newer
-    // one, so a slot whose owner differs now may have lost its subscriptions. (Comparing owners
-    // at the last look with owners now for the channels of both looks missed a channel
-    // subscribed between two looks, on a node that lost its slot before the second.)
-    let mut last = hub
-        .upgrade()
-        .and_then(|hub| hub.subscriber.cached_cluster_state());
-    loop {
-        tokio::time::sleep(SHARD_SCAN).await;
-        let Some(hub) = hub.upgrade() else { break };
-        if hub.closed.load(Ordering::Acquire) {
-            break;
-        }
-        if hub.channels.is_empty() {
-            continue;
-        }
-        if let Err(e) = hub.subscriber.sync_cluster().await {
-            tracing::debug!(error = %e, "cluster slot map refresh failed");
-            continue;
-        }
-        let now = hub.subscriber.cached_cluster_state();
-        if let (Some(before), Some(now)) = (&last, &now) {
-            if hub.shard_moved(before, now) {
-                tracing::info!("a subscribed slot moved to another node; resubscribing");
-                resubscribe(&hub).await;
-            }
-        }
-        last = now;
-    }
-}
-
-/// Wakes `group`'s waiters when the lock's lease ends by the latest news; stops when the news
-/// is dropped.
-async fn wake_at_lease_end(group: Arc<Group>) {
-    loop {
-        // Made before the end is read: news that comes after is not missed.
-        let moved = group.lease_moved.notified();
-        let Some(end) = *group.lease_end.lock() else {
-            return;
-        };
-        tokio::select! {
-            _ = tokio::time::sleep_until(end) => {}
-            _ = moved => continue,
-        }
-        let mut lease_end = group.lease_end.lock();
-        if *lease_end == Some(end) {
-            *lease_end = None;
-            drop(lease_end);
-            tracing::trace!(key = %group.key, "the lock's lease ended: waking all waiters");
-            group.wakes.wake_all();
-            return;
-        }
-    }
-}
-
-/// How many times a shard subscription is sent while the cluster redirects it.
-const SUBSCRIBE_TRIES: u64 = 5;
-
-/// How often the hub re-reads a cluster's slot map while shard channels are subscribed.
-const SHARD_SCAN: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// How long after a failed resubscription the hub tries again.
-const RESUBSCRIBE_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// Routes release messages to waiters.
-async fn dispatch_messages(
-    hub: Arc<Hub>,
-    mut messages: tokio::sync::broadcast::Receiver<fred::types::Message>,
-) {
-    loop {
-        match messages.recv().await {
-            Ok(message) => {
-                let channel = hub
-                    .channels
-                    .get(&*message.channel)
-                    .map(|slot| slot.channel.clone());
-                if let Some(channel) = channel {
-                    if channel.deliver(&message.value) {
-                        channel.doubt_handed(&hub.holds);
-                    }
-                }
-            }
-            Err(RecvError::Lagged(missed)) => {
-                // Never fatal: messages were dropped, so everyone re-checks.
-                tracing::warn!(missed, "pub/sub listener lagged; waking every waiter");
-                hub.wake_all();
-            }
-            Err(RecvError::Closed) => break,
-        }
-    }
-}
-
-/// Sends (un)subscriptions in queue order; after a reconnect resubscribes and wakes everyone.
-async fn apply_ops(
-    hub: Arc<Hub>,
-    mut ops: mpsc::UnboundedReceiver<Op>,
-    mut reconnects: tokio::sync::broadcast::Receiver<fred::types::config::Server>,
-) {
-    let mut retry_at: Option<tokio::time::Instant> = None;
-    loop {
-        let retry = async {
-            match retry_at {
-                Some(at) => tokio::time::sleep_until(at).await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            op = ops.recv() => {
-                let Some(op) = op else { break };
-                let mut batch = vec![op];
-                while let Ok(op) = ops.try_recv() {
-                    batch.push(op);
-                }
-                apply_batch(&hub, batch).await;
-            }
-            event = reconnects.recv() => match event {
-                Ok(_) | Err(RecvError::Lagged(_)) => {
-                    crate::metrics::subscriber_reconnected();
-                    // Until resubscribed, no channel is known to be live.
-                    hub.channels().iter().for_each(|c| c.set_confirmed(false));
-                    retry_at = (!resubscribe(&hub).await)
-                        .then(|| tokio::time::Instant::now() + RESUBSCRIBE_RETRY);
-                }
-                Err(RecvError::Closed) => break,
-            },
-            _ = retry => {
-                if hub.closed.load(Ordering::Acquire) {
-                    break;
-                }
-                retry_at = (!resubscribe(&hub).await)
-                    .then(|| tokio::time::Instant::now() + RESUBSCRIBE_RETRY);
-            }
-        }
-    }
-}
-
-async fn apply_batch(hub: &Hub, batch: Vec<Op>) {
-    let mut subscribed = Vec::new();
-    for op in batch {
-        match op {
-            Op::Subscribe(channel) => {
-                match hub.send_subscribe(vec![channel.name.to_string()]).await {
-                    Ok(()) => subscribed.push(channel),
-                    // The registry still lists it: the reconnect path resubscribes it, and its
-                    // waiters fall back to the lock's PTTL meanwhile.
-                    Err(e) => {
-                        if !channel.refuse_if_denied(&e) {
-                            tracing::warn!(channel = %channel.name, error = %e, "subscribe failed")
-                        }
-                    }
-                }
-            }
-            Op::Unsubscribe(name) => {
-                if let Err(e) = hub.send_unsubscribe(&name).await {
-                    tracing::debug!(channel = %name, error = %e, "unsubscribe failed");
-                }
-            }
-        }
-    }
-    if subscribed.is_empty() {
-        return;
-    }
-    match hub.barrier().await {
-        Ok(()) => subscribed.iter().for_each(|c| c.set_confirmed(true)),
-        Err(e) => {
-            // Without the barrier nothing proves the subscriptions live; a refused one
-            // (an ACL without PING) is reported, not left to poll.
-            let refused = subscribed
-                .iter()
-                .fold(false, |r, c| c.refuse_if_denied(&e) | r);
-            if !refused {
-                tracing::warn!(error = %e, "subscription barrier failed");
-            }
-        }
-    }
-}
-
-/// Resubscribes every channel and wakes every waiter. Returns whether the subscriptions are
-/// confirmed again.
-async fn resubscribe(hub: &Hub) -> bool {
-    let channels = hub.channels();
-    tracing::info!(
-        channels = channels.len(),
-        "subscriber reconnected; resubscribing"
-    );
-    let mut confirmed = true;
-    if !channels.is_empty() {
-        let names = channels.iter().map(|c| c.name.to_string()).collect();
-        let result = match hub.send_subscribe(names).await {
-            Ok(()) => hub.barrier().await,
-            Err(e) => Err(e),
-        };
-        match result {
-            Ok(()) => channels.iter().for_each(|c| c.set_confirmed(true)),
-            Err(e) => {
-                if !channels
-                    .iter()
-                    .fold(false, |r, c| c.refuse_if_denied(&e) | r)
-                {
-                    tracing::warn!(error = %e, "resubscribe failed; retrying shortly");
-                }
-                confirmed = false;
-            }
-        }
-    }
-    crate::metrics::resubscribed(confirmed);
-    // Messages published while disconnected are gone: every waiter re-checks.
-    hub.wake_all();
-    confirmed
 }
 
 #[cfg(test)]

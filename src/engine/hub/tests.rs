@@ -3,6 +3,8 @@
 use super::*;
 use std::sync::atomic::AtomicUsize;
 
+use fred::types::Value;
+
 fn permits_channel(waiters: usize) -> (Channel, Arc<Group>) {
     test_channel(Wake::Permits, waiters)
 }
