@@ -78,6 +78,17 @@ pub enum Error {
     /// The client was shut down; it sends nothing more.
     #[error("the client was shut down")]
     ShutDown,
+    /// The server cannot do what was asked, and nothing was sent for it: a Redis older than
+    /// the oldest supported one ([`OLDEST_REDIS`](crate::OLDEST_REDIS)), or a setting it
+    /// lacks the commands for ([`PubSubMode::Sharded`](crate::PubSubMode::Sharded) before
+    /// Redis 7.0). Refused at connect; see [`ServerVersion`](crate::ServerVersion).
+    #[error("unsupported server {server}: {detail}")]
+    Unsupported {
+        /// The server and where it is, e.g. `Redis 6.2.14 at redis://10.0.0.5:6379`.
+        server: String,
+        /// What it lacks, and what to do instead.
+        detail: String,
+    },
 }
 
 /// The crate's result type.

@@ -33,6 +33,8 @@ pub(crate) struct ClientInner {
     pub(crate) owners: OwnerNumbers,
     /// The permits of live permit guards, for shutdown to give back.
     pub(crate) outstanding_permits: Outstanding,
+    /// What the server said it is at connect (`None`: it would not say).
+    pub(crate) server: Option<crate::server::ServerVersion>,
 }
 
 /// What shutdown runs to give back the permits of a permit guard still alive: the error, if
