@@ -59,7 +59,8 @@ pub struct Client {
 /// call of it (built here, where the kinds are known; the connection layer knows no kind).
 static COMPOSITE: LazyLock<Composite> = LazyLock::new(|| Composite::new(&kinds::scripts()));
 
-/// URL schemes fred understands; anything else is refused before any lookup happens.
+/// URL schemes fred understands; anything else is refused before any lookup happens. Each
+/// `valkey…` scheme means what its `redis…` twin does.
 const SCHEMES: &[&str] = &[
     "redis",
     "rediss",
@@ -70,6 +71,10 @@ const SCHEMES: &[&str] = &[
     "redis+unix",
     "valkey",
     "valkeys",
+    "valkey-cluster",
+    "valkeys-cluster",
+    "valkey-sentinel",
+    "valkeys-sentinel",
 ];
 
 fn fred_builder(config: &Config) -> Result<FredBuilder> {
@@ -146,7 +151,7 @@ fn fred_builder(config: &Config) -> Result<FredBuilder> {
 /// Whether `url` asks for TLS.
 fn fred_uses_tls(url: &str) -> bool {
     url.split_once("://")
-        .is_some_and(|(scheme, _)| scheme.starts_with("rediss") || scheme == "valkeys")
+        .is_some_and(|(scheme, _)| scheme.starts_with("rediss") || scheme.starts_with("valkeys"))
 }
 
 /// A rustls connector that trusts only the certificates in the PEM file `ca_file`.
@@ -253,8 +258,14 @@ impl Client {
         let redis = builder.build().map_err(connect_error)?;
         // Built now (no connection yet): it connects when first asked for.
         let user = user_builder.build().map_err(connect_error)?;
-        match tokio::time::timeout(init_timeout, redis.init()).await {
-            Ok(Ok(_task)) => {}
+        let init = async {
+            redis.init().await?;
+            // Before anything else is sent, what the server is: what it cannot serve is
+            // refused here, by name, rather than met later as a script's or a command's error.
+            crate::conn::server::ask(&redis).await
+        };
+        let server = match tokio::time::timeout(init_timeout, init).await {
+            Ok(Ok(server)) => server,
             Ok(Err(e)) => {
                 let _ = redis.quit().await;
                 return Err(connect_error(e));
@@ -263,6 +274,19 @@ impl Client {
                 let _ = redis.quit().await;
                 return Err(connect_timed_out());
             }
+        };
+        match &server {
+            Some(server) => {
+                if let Err(e) = server.check(config.pubsub, &where_) {
+                    let _ = redis.quit().await;
+                    return Err(e);
+                }
+            }
+            None => tracing::warn!(
+                url = %where_,
+                "the server answered neither HELLO nor INFO: its version is unknown, so it is \
+                 not checked"
+            ),
         }
         let conn = Conn::start(
             redis,
@@ -305,6 +329,7 @@ impl Client {
             owners: crate::engine::scope::OwnerNumbers::new(),
             outstanding_permits: Default::default(),
             user: UserRedis::new(user),
+            server,
         });
         tracing::debug!(client = %inner.id, url = %redact_url(&inner.config.url), "connected");
         Ok(Client { inner })
@@ -484,6 +509,12 @@ impl Client {
         }
     }
 
+    /// What the server said it is at connect (`HELLO`): its name and version, e.g.
+    /// `Redis 7.0.15` or `Valkey 8.1.8`. `None` when it would not say (commands renamed away).
+    pub fn server(&self) -> Option<&crate::ServerVersion> {
+        self.inner.server.as_ref()
+    }
+
     /// The default watchdog lease of this client.
     pub fn watchdog_lease(&self) -> Duration {
         self.inner.holds.watchdog_lease()
@@ -523,14 +554,17 @@ mod tests {
             "redis-cluster://127.0.0.1:7000?node=127.0.0.1:7001&node=127.0.0.1:7002",
             "redis-sentinel://127.0.0.1?sentinelServiceName=mymaster&node=127.0.0.1:26380",
             "redis-sentinel://127.0.0.1:26379/2?sentinelServiceName=mymaster",
+            "valkey-cluster://127.0.0.1:7000?node=127.0.0.1:7001",
+            "valkey-sentinel://127.0.0.1:26379?sentinelServiceName=mymaster&node=127.0.0.1:26380",
         ] {
             assert!(fred_builder(&Config::new(url)).is_ok(), "{url}");
         }
         for url in [
             "redis+unix:///tmp/redis.sock",
             "unix:///tmp/redis.sock",
-            "valkey-cluster://127.0.0.1:7000",
+            "valkey-cluster:/127.0.0.1:7000",
             "redis-sentinel://127.0.0.1:26379",
+            "valkey-sentinel://127.0.0.1:26379",
             "redis://127.0.0.1/not-a-number",
             "redis-cluster://127.0.0.1:7000?node=127.0.0.1",
         ] {
@@ -551,6 +585,8 @@ mod tests {
             "rediss-cluster://127.0.0.1:6380",
             "rediss-sentinel://127.0.0.1:26379?sentinelServiceName=mymaster",
             "valkeys://127.0.0.1:6380",
+            "valkeys-cluster://127.0.0.1:6380",
+            "valkeys-sentinel://127.0.0.1:26379?sentinelServiceName=mymaster",
         ] {
             assert!(fred_builder(&Config::new(url)).is_ok(), "{url}");
         }
@@ -564,6 +600,8 @@ mod tests {
             "rediss://:pw@127.0.0.1:6380",
             "rediss-cluster://127.0.0.1:6380",
             "valkeys://127.0.0.1:6380",
+            "valkeys-cluster://:pw@127.0.0.1:6380",
+            "valkeys-sentinel://127.0.0.1:26379?sentinelServiceName=mymaster",
         ] {
             match fred_builder(&Config::new(url)) {
                 Err(Error::InvalidArgument(message)) => {

@@ -114,7 +114,7 @@ pub struct Config {
     /// | --- | --- |
     /// | `redis://host[:port][/db]` | a single node (port 6379 by default) |
     /// | `rediss://host[:port][/db]` | the same over TLS |
-    /// | `valkey://`, `valkeys://` | the same as `redis://` and `rediss://` (Valkey is not tested) |
+    /// | `valkey://`, `valkeys://`, `valkey-cluster://`, `valkeys-cluster://`, `valkey-sentinel://`, `valkeys-sentinel://` | the same as their `redis…` twins (for Valkey, or any server) |
     /// | `redis-cluster://host:port?node=host:port&node=…` | a cluster; the host and every `node` are seed nodes, the rest are discovered |
     /// | `rediss-cluster://…` | the same over TLS |
     /// | `redis-sentinel://host[:port][/db]?sentinelServiceName=name&node=host:port&…` | the primary that Sentinel names `name` (required), followed through failovers; the host (port 26379 by default) and every `node` are sentinels |

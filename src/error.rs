@@ -79,6 +79,17 @@ pub enum Error {
     /// The client was shut down; it sends nothing more.
     #[error("the client was shut down")]
     ShutDown,
+    /// The server cannot do what was asked, and nothing was sent for it: a Redis older than
+    /// the oldest supported one ([`OLDEST_REDIS`](crate::OLDEST_REDIS)), or a setting it
+    /// lacks the commands for ([`PubSubMode::Sharded`](crate::PubSubMode::Sharded) before
+    /// Redis 7.0). Refused at connect; see [`ServerVersion`](crate::ServerVersion).
+    #[error("unsupported server {server}: {detail}")]
+    Unsupported {
+        /// The server and where it is, e.g. `Redis 6.2.14 at redis://10.0.0.5:6379`.
+        server: String,
+        /// What it lacks, and what to do instead.
+        detail: String,
+    },
 }
 
 /// The crate's result type.
@@ -131,6 +142,7 @@ impl Error {
         if details.starts_with("NOAUTH")
             || details.starts_with("WRONGPASS")
             || details.starts_with("NOPERM")
+            || is_denied_in_script(details)
         {
             return Error::Auth(details.to_owned());
         }
@@ -181,6 +193,14 @@ impl Error {
             Error::Connection(_) | Error::Timeout(_) | Error::NotReplicated { .. }
         )
     }
+}
+
+/// A command a script called was refused by the user's ACL (a command, key or channel it
+/// lacks), in the words of each server: Redis 6.2 and 7.0 say "The user executing the script
+/// can't …", Valkey 8 "ACL failure in script: …".
+fn is_denied_in_script(details: &str) -> bool {
+    details.contains("The user executing the script can't")
+        || details.contains("ACL failure in script")
 }
 
 /// A connection error's detail as words: fred quotes an I/O error in Rust's debug form
@@ -249,7 +269,24 @@ pub(crate) fn is_noscript(err: &fred::error::Error) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::in_words;
+    use super::{in_words, is_denied_in_script};
+
+    /// Each server's words for a script's call refused by the ACL (seen from Redis 6.2.14,
+    /// 7.0.15 and Valkey 8.1.8), and a script error that is not one.
+    #[test]
+    fn refusals_inside_scripts_are_recognised_in_each_servers_words() {
+        for refused in [
+            "ERR The user executing the script can't run this command or subcommand script: 1f71dc1c, on @user_script:1.",
+            "ERR Error running script (call to f_733db981): @user_script:1: @user_script: 1: The user executing the script can't access at least one of the keys mentioned in the command arguments",
+            "ERR ACL failure in script: User u has no permissions to run the 'incr' command script: 1f71dc1c, on @user_script:1.",
+            "ERR ACL failure in script: No permissions to access a key script: 733db981, on @user_script:1.",
+        ] {
+            assert!(is_denied_in_script(refused), "{refused}");
+        }
+        assert!(!is_denied_in_script(
+            "ERR Error running script (call to f_a9623578): @user_script:27: @user_script: 27: Unknown Redis command called from Lua script"
+        ));
+    }
 
     #[test]
     fn io_errors_read_as_words() {

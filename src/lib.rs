@@ -173,15 +173,15 @@
 //!
 //! ## Versions
 //!
-//! - **Redis**: tested with Redis 7.0.15 (Debian 12's `redis-server`), single node, Sentinel
-//!   and Cluster. Sharded pub/sub needs Redis 7.0 (`SSUBSCRIBE`, `SPUBLISH`,
-//!   `PUBSUB SHARDNUMSUB`). Classic pub/sub needs, by the commands sent and the scripts'
-//!   calls, Redis 5.0: some scripts write after `TIME` or `PUBSUB NUMSUB`, which Redis allows
-//!   with effect replication, the default from 5.0 (multi-field `HSET` needs 4.0, `WAIT` 3.0,
-//!   a user name in the URL — an ACL user — 6.0). Versions before 7.0 are not tested.
-//! - **Valkey**: `valkey://` and `valkeys://` URLs are accepted for a single node (use the
-//!   `redis-…://` forms for Sentinel and Cluster). Valkey is not tested here; it forked from
-//!   Redis 7.2 and speaks the same commands.
+//! - **Redis and Valkey**: the whole test suite runs against Redis 7.0.15 (Debian 12's
+//!   `redis-server`), and a compatibility tier of it against Redis 6.2.14 and Valkey 8.1.8:
+//!   single node, Sentinel and Cluster. [`Client::connect`] asks the server what it is
+//!   ([`Client::server`]) and refuses a Redis older than 6.2 ([`OLDEST_REDIS`]), and
+//!   [`PubSubMode::Sharded`] before Redis 7.0 (`SSUBSCRIBE`, `SPUBLISH`,
+//!   `PUBSUB SHARDNUMSUB`), with [`Error::Unsupported`]. Every Valkey is taken; the
+//!   `valkey…://` schemes mean what their `redis…://` twins do, Sentinel and Cluster included.
+//!   The README's version table has every server, topology and pub/sub mode, and
+//!   docs/VERSIONS.md what differs between them.
 //! - **Redisson**: the wire format (keys, fields, TTLs, channels, messages, scripts' effects)
 //!   was checked against Redisson's source at `redisson-4.7.0-62-g66863978b` (4.7.1-SNAPSHOT),
 //!   with older behaviour checked against 3.23.0, 3.24.0 and 3.43.0. The tests run every kind
@@ -251,6 +251,7 @@ pub use kinds::multilock::{Exclusive, MultiLock, MultiLockGuard, RedLockGuard};
 pub use kinds::redlock::RedLock;
 pub use kinds::state::{Holder, LockState, ReadWriteMode};
 pub use owner::Owner;
+pub use conn::server::{ServerVersion, OLDEST_REDIS};
 
 /// The README's examples, compiled as doc tests.
 #[cfg(doctest)]

@@ -433,6 +433,9 @@ async fn a_lock_on_a_migrating_slot_leaves_the_client_working() {
 /// `a_script_in_flight_when_a_cluster_resync_finds_its_connection_reset_runs_once`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fred_says_too_many_failed_write_attempts_for_a_script_that_ran() {
+    if !support::servers::supports(support::servers::Feature::AnnouncedPortAtRunTime, None) {
+        return;
+    }
     let cluster = RedisCluster::start(3, 0);
     let proxies = cluster.announce_proxies().await;
     let proxy = |port: u16| proxies.iter().find(|p| p.port == port).unwrap();

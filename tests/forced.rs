@@ -128,7 +128,7 @@ async fn a_lone_server_pays_no_wait() {
 /// runs as one step on the server.
 fn cli_script(port: u16, commands: &str) -> String {
     use std::io::Write;
-    let mut child = std::process::Command::new("redis-cli")
+    let mut child = std::process::Command::new(&support::servers::server().cli_bin)
         .args(["-h", "127.0.0.1", "-p", &port.to_string()])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())

@@ -354,6 +354,9 @@ async fn shutdown_during_an_acquire_in_flight_leaves_no_hold() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_fail_with_auth_when_the_server_refuses_their_subscription() {
+    if !support::servers::supports(support::servers::Feature::ShardedPubSub, None) {
+        return;
+    }
     // An ACL change kills the subscriber's subscription and refuses its resubscription
     // (sharded pub/sub, whose SSUBSCRIBE reports errors). Waiters must not sleep through it
     // until the 30 s lease ends, nor poll in silence: the parked waiter and a new one both

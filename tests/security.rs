@@ -57,7 +57,10 @@ const LOCK_USER_ACL: &[&str] = &[
     "on",
     ">lock-pw",
     "~locks:*",
-    // The channel is a script argument, not a key: a channel pattern is all it needs.
+    // The channel is a script argument, not a key: a channel pattern is all it needs. Redis
+    // 6.2 gives a new user every channel (`acl-pubsub-default allchannels`) and refuses a
+    // pattern added to that: `resetchannels` first (7.0 starts from none anyway).
+    "resetchannels",
     "&redisson_lock__channel:*",
     // Called by the client.
     "+evalsha",

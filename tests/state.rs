@@ -85,6 +85,9 @@ async fn state_classic() {
 
 #[tokio::test]
 async fn state_sharded_counts_shard_subscribers() {
+    if !support::servers::supports(support::servers::Feature::ShardedPubSub, None) {
+        return;
+    }
     owners_counts_ttl_and_waiters(PubSubMode::Sharded).await;
 }
 

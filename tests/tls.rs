@@ -46,6 +46,9 @@ async fn lock_wait_wake_unlock(a: &Client, b: &Client, name: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_with_a_private_ca() {
+    if !support::servers::supports(support::servers::Feature::Tls, None) {
+        return;
+    }
     let certs = TestCerts::new("ok");
     let (server, tls_port) = tls_server(&certs);
     let url = format!("rediss://127.0.0.1:{tls_port}");
@@ -79,6 +82,9 @@ async fn tls_with_a_private_ca() {
 /// Each way a TLS connection can be refused gives a clear error, quickly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_tls_is_a_clear_error() {
+    if !support::servers::supports(support::servers::Feature::Tls, None) {
+        return;
+    }
     let certs = TestCerts::new("refused");
     let other_ca = TestCerts::new("other");
     let (server, tls_port) = tls_server(&certs);

@@ -62,7 +62,8 @@ pub(crate) struct Opts {
     /// reported (`rounds`, default 3).
     pub(crate) rounds: usize,
     /// Comma-separated scenarios to run (`only`; default all): uncontended, handoff,
-    /// handoff_mp, wakeup, many, java (Java Redisson beside redbaton), parked.
+    /// handoff_mp, wakeup, many, java (Java Redisson beside redbaton), servers (redbaton on
+    /// each server: `servers=redis-6.2,redis-7.0,valkey-8.1`, the default), parked.
     only: Option<Vec<String>>,
     /// Comma-separated contenders (`contenders`; default all): redbaton, redbaton-nobaton,
     /// redbaton-scripts (uncontended and many keys only), naive-10ms, naive-jitter, rslock, rslock-10ms, rlock, rlock-10ms, redisson.

@@ -108,31 +108,7 @@ async fn redbaton_round(
     let (mut uncontended_p50_us, mut uncontended_p99_us, mut many_per_s) =
         (f64::NAN, f64::NAN, f64::NAN);
     if kind == Kind::Redbaton {
-        let (url, iters) = (server.url(), opts.iters);
-        // In a task of its own, as the uncontended scenario runs (not on the main thread).
-        let mut ns = tokio::spawn(async move {
-            let client = redbaton::Client::connect(&url).await.expect("connect");
-            let lock = client.lock("bench:java-side:uncontended");
-            // The first tenth warms up, as in the uncontended scenario.
-            let mut ns = Vec::with_capacity(iters);
-            for i in 0..iters + iters / 10 {
-                let t = now_ns();
-                lock.lock()
-                    .await
-                    .expect("lock")
-                    .unlock()
-                    .await
-                    .expect("unlock");
-                if i >= iters / 10 {
-                    ns.push(now_ns() - t);
-                }
-            }
-            client.shutdown().await.expect("shutdown");
-            ns
-        })
-        .await
-        .expect("the uncontended run");
-        ns.sort_unstable();
+        let (ns, _) = redbaton_cycles(server, opts.iters, "bench:java-side:uncontended").await;
         uncontended_p50_us = us(pct(&ns, 50.0));
         uncontended_p99_us = us(pct(&ns, 99.0));
         many_per_s = many_keys(kind, server, raw, opts).await.rate;
@@ -167,11 +143,59 @@ async fn redbaton_round(
     }
 }
 
+/// `iters` uncontended lock+unlock cycles of redbaton on `name` (after a tenth more to warm
+/// up), each timed, and as many trivial `EVALSHA` round trips on the same client's connection,
+/// interleaved in blocks of five: both sorted, in ns. In a task of its own, as the uncontended
+/// scenario runs (not on the main thread).
+pub(crate) async fn redbaton_cycles(
+    server: &RedisServer,
+    iters: usize,
+    name: &'static str,
+) -> (Vec<u64>, Vec<u64>) {
+    use fred::interfaces::LuaInterface;
+    let (url, iters) = (server.url(), iters.max(10));
+    let (mut cycles, mut evalsha) = tokio::spawn(async move {
+        let client = redbaton::Client::connect(&url).await.expect("connect");
+        let lock = client.lock(name);
+        let trivial = fred::types::scripts::Script::from_lua("return 1");
+        trivial.load(client.redis()).await.expect("load");
+        let sha = trivial.sha1().to_string();
+        let (mut cycles, mut evalsha) = (Vec::with_capacity(iters), Vec::with_capacity(iters));
+        for i in 0..iters + iters / 10 {
+            let t = now_ns();
+            lock.lock()
+                .await
+                .expect("lock")
+                .unlock()
+                .await
+                .expect("unlock");
+            let cycle = now_ns() - t;
+            let t = now_ns();
+            let _: i64 = client
+                .redis()
+                .evalsha(sha.as_str(), "bench:floor", ())
+                .await
+                .expect("evalsha");
+            if i >= iters / 10 {
+                cycles.push(cycle);
+                evalsha.push(now_ns() - t);
+            }
+        }
+        client.shutdown().await.expect("shutdown");
+        (cycles, evalsha)
+    })
+    .await
+    .expect("the uncontended run");
+    cycles.sort_unstable();
+    evalsha.sort_unstable();
+    (cycles, evalsha)
+}
+
 /// A row of the table: scenario, metric, the figure in a round, whether higher is better.
 type Row = (&'static str, &'static str, fn(&Round) -> f64, bool);
 
 /// The median and the lowest and highest of `values`.
-fn spread(mut values: Vec<f64>) -> (f64, f64, f64) {
+pub(crate) fn spread(mut values: Vec<f64>) -> (f64, f64, f64) {
     values.sort_by(f64::total_cmp);
     (
         values[values.len() / 2],

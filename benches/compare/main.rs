@@ -19,6 +19,10 @@
 //! `scripts/install-java-peer.sh`) beside redbaton in uncontended, many-keys, wake-up and
 //! hand-off runs of the same sizes (`java.rs`).
 //!
+//! `servers` (scenario) runs redbaton alone on Redis 6.2, Redis 7.0 and Valkey 8.1 in turn
+//! (`servers=redis-6.2,valkey-8.1` to choose; scripts/install-servers.sh installs the two
+//! besides Debian's 7.0): uncontended, many keys and wake-up side by side (`servers.rs`).
+//!
 //! `json=path` also writes the JSON lines to that file (relative paths are taken from the
 //! workspace root), which `cargo bench --bench chart` turns into the wake-up latency chart.
 //!
@@ -35,6 +39,7 @@ mod java;
 mod many_keys;
 mod parked;
 mod report;
+mod servers;
 mod stats;
 #[path = "../../tests/support/mod.rs"]
 mod support;
@@ -289,6 +294,9 @@ async fn main() {
     }
     if opts.runs("java") {
         java::java_side_by_side(&server, &raw, &opts, &mut out).await;
+    }
+    if opts.runs("servers") {
+        servers::servers_side_by_side(&opts, &mut out).await;
     }
     let mut parked_result = None;
     if opts.runs("parked") && has_rb {

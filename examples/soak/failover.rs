@@ -18,7 +18,7 @@ pub const MASTER_NAME: &str = "soak";
 
 /// `redis-cli -p <port> <args>`: its stdout, empty when it failed.
 pub fn cli(port: u16, args: &[&str]) -> String {
-    Command::new("redis-cli")
+    Command::new(&crate::servers::server().cli_bin)
         .args(["-h", "127.0.0.1", "-p", &port.to_string()])
         .args(args)
         .output()
@@ -71,7 +71,7 @@ impl Node {
             .append(true)
             .open(self.dir.join("redis.log"))
             .map_err(|e| e.to_string())?;
-        let child = Command::new("redis-server")
+        let child = Command::new(&crate::servers::server().server_bin)
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
             .arg("--dir")
@@ -147,7 +147,7 @@ impl Topology {
             ),
         )
         .map_err(|e| e.to_string())?;
-        let child = Command::new("redis-server")
+        let child = Command::new(&crate::servers::server().server_bin)
             .arg(&conf)
             .arg("--sentinel")
             .stdout(Stdio::null())
@@ -188,7 +188,7 @@ impl Topology {
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port))
             .collect();
-        let out = Command::new("redis-cli")
+        let out = Command::new(&crate::servers::server().cli_bin)
             .args(["--cluster", "create"])
             .args(&addrs)
             .args(["--cluster-replicas", "1", "--cluster-yes"])
@@ -209,11 +209,13 @@ impl Topology {
     pub fn url(&self) -> String {
         match self {
             Topology::Sentinel { sentinel, .. } => format!(
-                "redis-sentinel://127.0.0.1:{}?sentinelServiceName={MASTER_NAME}",
+                "{}-sentinel://127.0.0.1:{}?sentinelServiceName={MASTER_NAME}",
+                crate::servers::scheme(),
                 sentinel.port
             ),
             Topology::Cluster { nodes, .. } => {
-                let mut url = format!("redis-cluster://127.0.0.1:{}", nodes[0].port);
+                let scheme = crate::servers::scheme();
+                let mut url = format!("{scheme}-cluster://127.0.0.1:{}", nodes[0].port);
                 for n in &nodes[1..] {
                     url.push_str(&format!("&node=127.0.0.1:{}", n.port));
                 }

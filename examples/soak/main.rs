@@ -38,6 +38,10 @@
 //!   nobody knows about, left by a script that ran although its caller saw an error;
 //! - every task finishes, and no hold outlives its lease once every task released.
 //!
+//! The server is the one `REDBATON_TEST_SERVER` names, as in the tests (`redis-7.0`, the
+//! default; `redis-6.2` or `valkey-8.1` from scripts/install-servers.sh), for the standalone,
+//! Sentinel and Cluster topologies alike.
+//!
 //! The run directory keeps the server's log, each worker's log (errors and phantom holds,
 //! stamped with `CLOCK_MONOTONIC`), the fault log and the histories when a run fails.
 //!
@@ -61,6 +65,8 @@ mod parent;
 mod proxy;
 mod record;
 mod server;
+#[path = "../../tests/support/servers.rs"]
+mod servers;
 mod verdict;
 mod worker;
 

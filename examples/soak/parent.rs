@@ -186,9 +186,10 @@ async fn run(opts: Opts) -> Result<bool, String> {
     let run_names = names(mixed, opts.names);
     let total = opts.processes + opts.java;
     println!(
-        "soak: target {} acquisitions; {} processes x {} tasks (half through the proxy) + {} Java \
-         Redisson processes on {:?}; watchdog lease {lease:?}; faults {}; seed {seed}; data in {}",
+        "soak: target {} acquisitions on {}; {} processes x {} tasks (half through the proxy) + {} \
+         Java Redisson processes on {:?}; watchdog lease {lease:?}; faults {}; seed {seed}; data in {}",
         opts.acquisitions,
+        crate::servers::server().name,
         opts.processes,
         opts.tasks,
         opts.java,

@@ -56,7 +56,7 @@ impl Server {
             .append(true)
             .open(self.dir.join("redis.log"))
             .map_err(|e| format!("redis.log: {e}"))?;
-        let child = Command::new("redis-server")
+        let child = Command::new(&crate::servers::server().server_bin)
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args([
                 "--save",
@@ -73,7 +73,10 @@ impl Server {
             ))
             .stderr(Stdio::from(log))
             .spawn()
-            .map_err(|e| format!("cannot run redis-server (is it installed?): {e}"))?;
+            .map_err(|e| {
+                let bin = crate::servers::server().server_bin.display();
+                format!("cannot run {bin} (is it installed?): {e}")
+            })?;
         self.child = Some(child);
         let started = Instant::now();
         while started.elapsed() < Duration::from_secs(30) {

@@ -31,6 +31,7 @@ mod pubsub;
 mod replication;
 mod run;
 mod send;
+pub(crate) mod server;
 mod subscriber;
 mod user;
 

@@ -34,6 +34,8 @@ pub(crate) struct ClientInner {
     /// The user's own fred client ([`Client::redis`](crate::Client::redis)): connections of
     /// its own, no lock traffic (invariant 17).
     pub(crate) user: UserRedis,
+    /// What the server said it is at connect (`None`: it would not say).
+    pub(crate) server: Option<crate::conn::server::ServerVersion>,
 }
 
 /// What shutdown runs to give back the permits of a permit guard still alive: the error, if

@@ -157,6 +157,9 @@ async fn graceful_failover_classic_keeps_exclusion_and_progress() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn graceful_failover_sharded_keeps_exclusion_and_progress() {
+    if !support::servers::supports(support::servers::Feature::ShardedPubSub, None) {
+        return;
+    }
     let c = contend_through_failover(PubSubMode::Sharded, false).await;
     assert!(c.acquired_before > 0 && c.acquired_after >= 30);
     assert_eq!(c.lost, 0, "{c:?}");
@@ -165,6 +168,9 @@ async fn graceful_failover_sharded_keeps_exclusion_and_progress() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failover_by_killed_primary_waiters_recover() {
+    if !support::servers::supports(support::servers::Feature::ShardedPubSub, None) {
+        return;
+    }
     let c = contend_through_failover(PubSubMode::Sharded, true).await;
     assert!(c.acquired_before > 0 && c.acquired_after >= 30);
     // Every acquire was acknowledged by the replica before it counted (invariant 13,
@@ -235,11 +241,17 @@ async fn assert_subscription_follows_failover(mode: PubSubMode, kill: bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failover_sharded_subscription_follows_graceful_failover() {
+    if !support::servers::supports(support::servers::Feature::ShardedPubSub, None) {
+        return;
+    }
     assert_subscription_follows_failover(PubSubMode::Sharded, false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failover_sharded_subscription_follows_killed_primary() {
+    if !support::servers::supports(support::servers::Feature::ShardedPubSub, None) {
+        return;
+    }
     assert_subscription_follows_failover(PubSubMode::Sharded, true).await;
 }
 

@@ -169,6 +169,9 @@ async fn migration_classic_releases_reach_the_waiter() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migration_sharded_releases_reach_the_waiter() {
+    if !support::servers::supports(support::servers::Feature::ShardedPubSub, None) {
+        return;
+    }
     releases_survive_a_slot_migration(PubSubMode::Sharded).await;
 }
 
@@ -181,6 +184,9 @@ async fn migration_sharded_releases_reach_the_waiter() {
 /// open, and the state stays right.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scripts_that_empty_a_key_finish_on_a_migrating_node() {
+    if !support::servers::supports(support::servers::Feature::ShardedPubSub, None) {
+        return;
+    }
     let cluster = RedisCluster::start(3, 0);
     let topology = cluster.topology();
     let other = client(&cluster, PubSubMode::Sharded, Duration::from_secs(30)).await;
@@ -286,6 +292,9 @@ async fn scripts_that_empty_a_key_finish_on_a_migrating_node() {
 /// between primaries: no call fails, and no wait comes near the 30 s lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migration_churn_under_contention_loses_no_release() {
+    if !support::servers::supports(support::servers::Feature::ShardedPubSub, None) {
+        return;
+    }
     let cluster = Arc::new(RedisCluster::start(3, 0));
     let names: Vec<String> = (0..4).map(|i| format!("churn:{i}")).collect();
     let clients = [

@@ -26,6 +26,9 @@ fn name_on(cluster: &RedisCluster, proxy_port: u16, prefix: &str) -> String {
 /// Asserted here is the invariant: Redis counts exactly the holds the client accounts for.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_script_in_flight_when_a_cluster_resync_finds_its_connection_reset_runs_once() {
+    if !support::servers::supports(support::servers::Feature::AnnouncedPortAtRunTime, None) {
+        return;
+    }
     let cluster = RedisCluster::start(3, 0);
     let proxies = cluster.announce_proxies().await;
     let proxy = |port: u16| proxies.iter().find(|p| p.port == port).unwrap();
@@ -404,6 +407,9 @@ async fn killed_primary_under_load_runs_each_script_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reset_connections_under_load_run_each_script_once() {
+    if !support::servers::supports(support::servers::Feature::AnnouncedPortAtRunTime, None) {
+        return;
+    }
     let audit = audit_scripts_through(Failure::Reset).await;
     assert!(audit.phantoms.is_empty(), "{:#?}", audit.phantoms);
     assert!(audit.undercounts.is_empty(), "{:#?}", audit.undercounts);

@@ -118,6 +118,9 @@ async fn classic_pubsub_wakes_waiters_on_every_primary() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sharded_pubsub_wakes_waiters_on_every_primary() {
+    if !support::servers::supports(support::servers::Feature::ShardedPubSub, None) {
+        return;
+    }
     wakeups_are_prompt(PubSubMode::Sharded).await;
 }
 
@@ -183,6 +186,9 @@ async fn classic_pubsub_passes_on_every_primary() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sharded_pubsub_passes_on_every_primary() {
+    if !support::servers::supports(support::servers::Feature::ShardedPubSub, None) {
+        return;
+    }
     passes_on_every_primary(PubSubMode::Sharded).await;
 }
 
@@ -190,6 +196,9 @@ async fn sharded_pubsub_passes_on_every_primary() {
 /// by every kind, before anything is sent; a lone server keeps taking them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unplaceable_names_are_refused_on_a_cluster() {
+    if !support::servers::supports(support::servers::Feature::ShardedPubSub, None) {
+        return;
+    }
     let cluster = RedisCluster::start(3, 0);
     let client = client(&cluster, PubSubMode::Sharded, Duration::from_secs(30)).await;
     for name in ["a}b", "x{", "a{", "{}z"] {

@@ -301,7 +301,7 @@ async fn a_waiter_behind_a_silent_head_parks_instead_of_spinning() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_cluster_hand_offs_follow_the_queue_in_both_pubsub_modes() {
     let cluster = support::cluster::RedisCluster::start(3, 0);
-    for mode in [redbaton::PubSubMode::Classic, redbaton::PubSubMode::Sharded] {
+    for mode in support::pubsub_modes() {
         let client = Client::builder()
             .url(cluster.url())
             .pubsub(mode)

@@ -35,5 +35,8 @@ async fn core_cluster_with_classic_pubsub() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn core_cluster_with_sharded_pubsub() {
+    if !support::servers::supports(support::servers::Feature::ShardedPubSub, None) {
+        return;
+    }
     everything_on_a_cluster(PubSubMode::Sharded).await;
 }

@@ -8,7 +8,7 @@ async fn cluster_one_slot_per_name_and_wakeups_in_both_pubsub_modes() {
     let cluster = RedisCluster::start(3, 0);
     let slot = |key: &str| fred::util::redis_keyslot(key.as_bytes());
     let names = ["catalog:1", "{grp}:rw", "catalog:2"];
-    for mode in [PubSubMode::Classic, PubSubMode::Sharded] {
+    for mode in support::pubsub_modes() {
         let connect = || Client::builder().url(cluster.url()).pubsub(mode).connect();
         // The default lease: a waiter's timer (the lock's PTTL) is far beyond the bounds
         // below, so only the message can wake it within them.

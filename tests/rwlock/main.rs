@@ -27,7 +27,7 @@ use fred::clients::SubscriberClient;
 use fred::prelude::*;
 use fred::types::Message;
 use parking_lot::Mutex;
-use redbaton::{Client, Error, Guard, PubSubMode, ReadLock, ReadWriteLock, WriteLock};
+use redbaton::{Client, Error, Guard, ReadLock, ReadWriteLock, WriteLock};
 use redisson_peer::{timeout_key, RedissonPeer};
 use support::{eventually, numsub, RedisServer, RENEWED_LEASE};
 use tokio::sync::{broadcast, Barrier};

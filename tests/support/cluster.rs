@@ -6,9 +6,10 @@ use std::time::{Duration, Instant};
 
 use super::RedisServer;
 
-/// Runs `redis-cli -p <port> <args>` and returns its stdout (empty when it failed).
+/// Runs `redis-cli -p <port> <args>` (the chosen server's cli) and returns its stdout (empty
+/// when it failed).
 pub fn cli(port: u16, args: &[&str]) -> String {
-    let out = Command::new("redis-cli")
+    let out = Command::new(&super::servers::server().cli_bin)
         .args(["-h", "127.0.0.1", "-p", &port.to_string()])
         .args(args)
         .output()
@@ -73,7 +74,7 @@ impl RedisCluster {
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port))
             .collect();
-        let mut create = Command::new("redis-cli")
+        let mut create = Command::new(&super::servers::server().cli_bin)
             .arg("--cluster")
             .arg("create")
             .args(&addrs)
@@ -104,10 +105,12 @@ impl RedisCluster {
         }
     }
 
-    /// `redis-cluster://127.0.0.1:p1?node=127.0.0.1:p2&...` over the running nodes.
+    /// `redis-cluster://127.0.0.1:p1?node=127.0.0.1:p2&...` over the running nodes
+    /// (`valkey-cluster://…` on Valkey).
     pub fn url(&self) -> String {
         let ports: Vec<u16> = self.live_ports();
-        let mut url = format!("redis-cluster://127.0.0.1:{}", ports[0]);
+        let scheme = super::servers::scheme();
+        let mut url = format!("{scheme}-cluster://127.0.0.1:{}", ports[0]);
         for (i, port) in ports[1..].iter().enumerate() {
             url.push(if i == 0 { '?' } else { '&' });
             url.push_str(&format!("node=127.0.0.1:{port}"));

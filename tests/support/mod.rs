@@ -15,6 +15,8 @@ pub struct RedisServer {
     child: Option<Child>,
     dir: PathBuf,
     extra: Vec<String>,
+    /// Which server binary runs (the one `REDBATON_TEST_SERVER` names, unless chosen).
+    pub server: &'static servers::TestServer,
 }
 
 /// A watchdog lease for tests whose holds must be renewed several times: short enough to
@@ -109,13 +111,19 @@ impl RedisServer {
 
     /// Starts a server with extra `--option value` arguments.
     pub fn start_with(extra: &[&str]) -> Self {
+        Self::start_as(servers::server(), extra)
+    }
+
+    /// Starts `server` (whatever `REDBATON_TEST_SERVER` says: the benchmark runs each in turn)
+    /// with extra `--option value` arguments.
+    pub fn start_as(server: &'static servers::TestServer, extra: &[&str]) -> Self {
         // A cluster node also listens on its port + 10000 (the cluster bus), so its port must
         // leave room for that: redis-server refuses ports above 55535 in cluster mode.
         let clustered = extra.contains(&"--cluster-enabled");
         // Its bus port is checked too: on a loaded machine with thousands of client
         // connections, port + 10000 is often some connection's local port, and redis-server
         // then exits at once.
-        Self::start_on(extra, || loop {
+        Self::start_on_as(server, extra, || loop {
             let port = free_port();
             if !clustered
                 || (port <= 55535 && TcpListener::bind(("127.0.0.1", port + 10000)).is_ok())
@@ -129,7 +137,15 @@ impl RedisServer {
     /// `free_port` and the server's bind is met on loaded machines; the next one is tried).
     /// Each attempt has a directory of its own: a failed attempt's directory is removed with
     /// it, and a cluster node's `nodes.conf` must not be one a failed attempt left.
-    pub fn start_on(extra: &[&str], mut port: impl FnMut() -> u16) -> Self {
+    pub fn start_on(extra: &[&str], port: impl FnMut() -> u16) -> Self {
+        Self::start_on_as(servers::server(), extra, port)
+    }
+
+    fn start_on_as(
+        which: &'static servers::TestServer,
+        extra: &[&str],
+        mut port: impl FnMut() -> u16,
+    ) -> Self {
         let mut last_log = String::new();
         for _ in 0..20 {
             let mut server = RedisServer {
@@ -137,6 +153,7 @@ impl RedisServer {
                 child: None,
                 dir: fresh_dir("redbaton-test"),
                 extra: extra.iter().map(|s| s.to_string()).collect(),
+                server: which,
             };
             std::fs::create_dir_all(&server.dir).unwrap();
             if server.spawn() {
@@ -145,7 +162,10 @@ impl RedisServer {
             last_log = std::fs::read_to_string(server.log_path()).unwrap_or_default();
         }
         let tail: Vec<&str> = last_log.lines().rev().take(5).collect();
-        panic!("could not start redis-server (is it installed?); its log ends: {tail:?}");
+        panic!(
+            "could not start {} (is it installed?); its log ends: {tail:?}",
+            which.server_bin.display()
+        );
     }
 
     /// Whether the server's own log, past its first `from` bytes, says it listens. Not a
@@ -169,7 +189,7 @@ impl RedisServer {
     }
 
     fn spawn(&mut self) -> bool {
-        let mut cmd = Command::new("redis-server");
+        let mut cmd = Command::new(&self.server.server_bin);
         cmd.args(["--port", &self.port.to_string()])
             .args(["--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
@@ -182,7 +202,12 @@ impl RedisServer {
         // A restart on the same port appends to the same log: only what this process writes
         // counts.
         let logged_before = std::fs::metadata(self.log_path()).map_or(0, |m| m.len());
-        let child = cmd.spawn().expect("spawn redis-server (is it installed?)");
+        let child = cmd.spawn().unwrap_or_else(|e| {
+            panic!(
+                "spawn {} ({e}): is it installed?",
+                cmd.get_program().to_string_lossy()
+            )
+        });
         self.child = Some(child);
         // Generous: on a loaded machine a server has been seen to take over 10 s to listen.
         let start = Instant::now();
@@ -200,9 +225,9 @@ impl RedisServer {
         false
     }
 
-    /// `redis://127.0.0.1:<port>`
+    /// `redis://127.0.0.1:<port>` (`valkey://…` on Valkey).
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        format!("{}://127.0.0.1:{}", self.server.scheme(), self.port)
     }
 
     /// The server's process id, while it runs (to stop it with `SIGSTOP`, say).
@@ -260,6 +285,31 @@ pub async fn command_calls(raw: &fred::clients::Client) -> std::collections::Has
             Some((name.to_owned(), calls))
         })
         .collect()
+}
+
+/// Calls of `command|subcommand` (e.g. `script|load`) in `calls`, from [`command_calls`].
+/// A server without per-subcommand counts (Redis 6.2) counts them under the command alone
+/// (`script`): its count, of every subcommand, is returned there, an upper bound.
+pub fn subcommand_calls(calls: &std::collections::HashMap<String, u64>, name: &str) -> u64 {
+    let counted_as = if servers::server()
+        .lacks(servers::Feature::SubcommandStats)
+        .is_some()
+    {
+        name.split('|').next().unwrap_or(name)
+    } else {
+        name
+    };
+    calls.get(counted_as).copied().unwrap_or(0)
+}
+
+/// The pub/sub modes a test runs in on this server: classic, and sharded where the server has
+/// it (where not, the sharded half is reported skipped, by [`servers::supports`]).
+pub fn pubsub_modes() -> Vec<redbaton::PubSubMode> {
+    let mut modes = vec![redbaton::PubSubMode::Classic];
+    if servers::supports(servers::Feature::ShardedPubSub, Some("its sharded half")) {
+        modes.push(redbaton::PubSubMode::Sharded);
+    }
+    modes
 }
 
 /// Script calls the server has run so far (`EVALSHA` and `EVAL`): every acquire attempt,
@@ -468,6 +518,7 @@ pub mod monitor;
 pub mod passing;
 pub mod proxy;
 pub mod sentinel;
+pub mod servers;
 
 /// Runs a raw command (`CLIENT PAUSE`, `SCRIPT FLUSH`, ...) and returns its reply.
 pub async fn command(raw: &fred::clients::Client, name: &'static str, args: Vec<String>) -> Value {

@@ -22,7 +22,7 @@ impl Monitor {
     /// Starts MONITOR on `server` and returns once it is live: once a marker command sent
     /// through `raw` shows in its output (commands before that may be missing).
     pub async fn start(server: &RedisServer, raw: &fred::clients::Client) -> Monitor {
-        let mut child = Command::new("redis-cli")
+        let mut child = Command::new(&super::servers::server().cli_bin)
             .args(["-p", &server.port.to_string(), "monitor"])
             .stdout(Stdio::piped())
             .spawn()

@@ -41,7 +41,7 @@ impl Sentinel {
                 ),
             )
             .unwrap();
-            let mut child = Command::new("redis-server")
+            let mut child = Command::new(&super::servers::server().server_bin)
                 .arg(&conf)
                 .arg("--sentinel")
                 .stdout(Stdio::null())
@@ -133,9 +133,11 @@ impl SentinelSetup {
     }
 
     /// `redis-sentinel://127.0.0.1:s1?sentinelServiceName=mymaster&node=...`
+    /// (`valkey-sentinel://…` on Valkey)
     pub fn url(&self) -> String {
         let mut url = format!(
-            "redis-sentinel://127.0.0.1:{}?sentinelServiceName={MASTER_NAME}",
+            "{}-sentinel://127.0.0.1:{}?sentinelServiceName={MASTER_NAME}",
+            super::servers::scheme(),
             self.sentinels[0].port
         );
         for s in &self.sentinels[1..] {
