@@ -247,11 +247,11 @@ pub use kinds::semaphore::{
 
 /// A hold of a [`Lock`].
 pub type LockGuard = Guard<Lock>;
+pub use conn::server::{ServerVersion, OLDEST_REDIS};
 pub use kinds::multilock::{Exclusive, MultiLock, MultiLockGuard, RedLockGuard};
 pub use kinds::redlock::RedLock;
 pub use kinds::state::{Holder, LockState, ReadWriteMode};
 pub use owner::Owner;
-pub use conn::server::{ServerVersion, OLDEST_REDIS};
 
 /// The README's examples, compiled as doc tests.
 #[cfg(doctest)]
