@@ -170,18 +170,24 @@ async fn unreplicated_hold_is_lost_and_the_guard_says_so() {
     // window, made wide and deterministic).
     let master = setup.master.port;
     assert!(cli(master, &["config", "set", "requirepass", "cut-off"]).contains("OK"));
-    let _: i64 = holder
-        .redis()
-        .custom(
-            fred::types::CustomCommand::new_static(
-                "CLIENT",
-                fred::types::ClusterHash::Random,
-                false,
-            ),
-            vec!["KILL", "TYPE", "replica"],
-        )
-        .await
-        .unwrap();
+    // The kill goes through redis-cli with the new password: a fresh connection, as
+    // `holder.redis()` (connected on first use) would be, must authenticate now.
+    let killed = cli(
+        master,
+        &[
+            "-a",
+            "cut-off",
+            "--no-auth-warning",
+            "client",
+            "kill",
+            "type",
+            "replica",
+        ],
+    );
+    assert!(
+        killed.trim().parse::<u32>().is_ok_and(|n| n >= 1),
+        "{killed}"
+    );
     let guard = holder.lock("doomed").lock().await.unwrap();
     let lock = waiter.lock("doomed");
     let parked = tokio::spawn(async move {
