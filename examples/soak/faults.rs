@@ -109,8 +109,8 @@ pub(crate) async fn command(
         .is_ok()
 }
 
-/// The fault schedule's durations: the mean time between faults, and the clients' watchdog
-/// lease and command timeout (which set how long a stall lasts).
+/// The fault schedule's durations: the mean time between faults, the clients' watchdog lease
+/// and the shortest command timeout of a worker (which set how long stalls last).
 pub(crate) struct Timing {
     pub(crate) every: Duration,
     pub(crate) lease: Duration,
@@ -133,7 +133,8 @@ pub(crate) async fn inject_faults(
     } = timing;
     let mut rng = fastrand::Rng::with_seed(seed ^ 0xFA17);
     let mut faults = Vec::new();
-    // Past the call bound of every lock call (four command timeouts), short of two.
+    // Past the call bound (four command timeouts) of every call of the worker with the
+    // shortest command timeout.
     let long_pause = command_timeout * 4 + Duration::from_millis(500);
     loop {
         let pause = every.mul_f64(0.5 + rng.f64());

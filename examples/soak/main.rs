@@ -15,8 +15,9 @@
 //! Meanwhile the parent kills the subscriber connections, flushes the script cache, pauses all
 //! clients, stalls the proxy (up to 1.6 leases) and cuts it, and kills and restarts the
 //! server — about one fault a second; the third fault, and every 100th after it, pauses writes
-//! for longer than four command timeouts (every call in flight is given up past its bound and
-//! finished when the server answers: for every kind the run takes). An operator client in the
+//! for longer than four command timeouts of the last worker, whose clients have a short one
+//! (`--short-timeout-ms`): every call of that worker in flight is given up past its bound and
+//! finished when the server answers, for every kind the run takes. An operator client in the
 //! first worker force-unlocks a held `Lock` name every `--force-every-ms` or so and then holds
 //! it itself. Tasks also take the stale identities a hold handed on in memory must not let
 //! back in (invariant 16, docs/DESIGN.md): a future first polled inside a hold's scope and
@@ -108,6 +109,12 @@ pub struct Opts {
     /// The clients' command timeout, in ms.
     #[arg(long, default_value_t = 2000)]
     pub command_timeout_ms: u64,
+    /// The command timeout of the last worker's clients on the standalone topology, in ms
+    /// (0: `--command-timeout-ms` like the others): the pause past the call bound lasts four
+    /// of these and 500 ms, so it is past the bound of every call that worker makes — of every
+    /// kind the run takes — and short for the rest of the run.
+    #[arg(long, default_value_t = 300)]
+    pub short_timeout_ms: u64,
     /// The mean time between two faults, in ms.
     #[arg(long, default_value_t = 1000)]
     pub fault_every_ms: u64,

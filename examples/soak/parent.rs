@@ -29,6 +29,17 @@ fn read_number(path: &Path) -> u64 {
         .unwrap_or(0)
 }
 
+/// The command timeout of worker `id`'s clients: the last worker's is short on the standalone
+/// topology (see `--short-timeout-ms`).
+fn timeout_of(opts: &Opts, id: usize, lock_url: Option<&str>) -> u64 {
+    let short = opts.short_timeout_ms;
+    if id + 1 == opts.processes && lock_url.is_none() && short > 0 {
+        short.min(opts.command_timeout_ms)
+    } else {
+        opts.command_timeout_ms
+    }
+}
+
 fn spawn_worker(
     opts: &Opts,
     id: usize,
@@ -50,7 +61,10 @@ fn spawn_worker(
         .args(["--seed", &seed.to_string()])
         .args(["--tasks", &opts.tasks.to_string()])
         .args(["--lease-ms", &opts.lease_ms.to_string()])
-        .args(["--command-timeout-ms", &opts.command_timeout_ms.to_string()])
+        .args([
+            "--command-timeout-ms",
+            &timeout_of(opts, id, lock_url).to_string(),
+        ])
         .args(["--sabotage", &opts.sabotage.to_string()])
         .args(["--grace-secs", &opts.grace_secs.to_string()])
         .args(["--calls", &opts.calls])
@@ -315,7 +329,7 @@ async fn run(opts: Opts) -> Result<bool, String> {
             Timing {
                 every: Duration::from_millis(opts.fault_every_ms),
                 lease,
-                command_timeout: Duration::from_millis(opts.command_timeout_ms),
+                command_timeout: Duration::from_millis(timeout_of(&opts, opts.processes - 1, None)),
             },
         ))
     });
@@ -520,6 +534,7 @@ async fn run(opts: Opts) -> Result<bool, String> {
         reached,
         forced: (forced.len(), struck),
         refusals: refusals.len(),
+        short_timeout_ms: timeout_of(&opts, opts.processes - 1, lock_url.as_deref()),
     });
     drop(proxy);
     server.lock().kill();

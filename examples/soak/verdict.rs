@@ -360,6 +360,8 @@ pub(crate) struct Summary<'a> {
     pub(crate) forced: (usize, usize),
     /// Calls refused as not replicated.
     pub(crate) refusals: usize,
+    /// The last worker's command timeout, in ms.
+    pub(crate) short_timeout_ms: u64,
 }
 
 pub(crate) fn percentile(sorted: &[u64], p: f64) -> Duration {
@@ -385,13 +387,14 @@ pub(crate) fn print_summary(s: &Summary) {
     println!("=== redbaton soak summary (seed {}) ===", s.seed);
     println!(
         "setup                  {} processes x {} tasks (+ {} Java Redisson processes), names \
-         {:?}, watchdog lease {} ms, command timeout {} ms, calls {}",
+         {:?}, watchdog lease {} ms, command timeout {} ms (the last worker's {} ms), calls {}",
         s.opts.processes,
         s.opts.tasks,
         s.opts.java,
         names(s.opts.java > 0, s.opts.names),
         s.opts.lease_ms,
         s.opts.command_timeout_ms,
+        s.short_timeout_ms,
         s.opts.calls
     );
     println!(
