@@ -10,8 +10,10 @@
 //! A second run adds what breaks a hold on purpose, and the identities a hold handed on in
 //! memory must not let back in (invariant 16, docs/DESIGN.md): an operator client force-unlocks
 //! names at random and then holds them itself (a section of its own, beside which no worker may
-//! enter), and workers carry a future first polled inside a hold's scope out of it, and re-try a
-//! released hold's owner with `with_owner` — each of which may only ever get a hold of its own.
+//! enter), and workers carry a future first polled inside a hold's scope out of it (finishing
+//! it outside every scope, or inside another hold's scope through a `FuturesUnordered` in a
+//! `select!` loop), and re-try a released hold's owner with `with_owner` — each of which may
+//! only ever get a hold of its own.
 
 mod support;
 
@@ -142,21 +144,34 @@ async fn release_section(guard: LockGuard, name: usize, fence: Option<i64>, log:
     }
 }
 
+/// How a stale identity of a released hold tries its lock again (see [`identity_paths`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Identity {
+    /// A future first polled inside the hold's scope, finished outside every scope.
+    Escaped,
+    /// The same future finished inside another hold's scope, polled there by a
+    /// `FuturesUnordered` in a `select!` loop.
+    Reparented,
+    /// The released hold's owner, read from its guard, named with `with_owner`.
+    WithOwner,
+}
+
 /// After a hold is released (and maybe handed on in memory), what still names it may only get
 /// a hold of its own: a future first polled inside the hold's scope and finished outside it
-/// (`escaped`), or the released hold's owner named with `with_owner`. A section either runs
-/// is recorded, so re-entering the next holder's hold shows up as an overlap.
+/// (escaped) or inside another hold's scope (re-parented), or the released hold's owner named
+/// with `with_owner`. A section either runs is recorded, so re-entering the next holder's hold
+/// shows up as an overlap.
 #[allow(clippy::async_yields_async)] // the future carried out of the scope is the point
 async fn identity_paths(
     client: &Client,
     lock: &redbaton::Lock,
     name: usize,
     hold: Duration,
-    escaped: bool,
+    how: Identity,
     log: &Mutex<Log>,
 ) {
     let guard = lock.lock().await.unwrap();
-    if escaped {
+    if how != Identity::WithOwner {
         // Another hold's `run`, first polled inside this hold's scope (an uncontended name of
         // this call's own), then carried out and finished after this hold was released.
         let side = client.lock(format!("torture:side:{}", fastrand::u64(..)));
@@ -188,13 +203,41 @@ async fn identity_paths(
         let fence = critical_section(client, &guard, name, hold, log).await;
         release_section(guard, name, fence, log).await;
         go.send(()).unwrap();
-        if let Some(again) = carried.as_mut().await.unwrap() {
-            let fence = critical_section(client, &again, name, hold, log).await;
-            release_section(again, name, fence, log).await;
+        let again = if how == Identity::Escaped {
+            carried.as_mut().await
+        } else {
+            // Re-parented into the scope of another hold of this call's own.
+            let other = client.lock(format!("torture:side:{}", fastrand::u64(..)));
+            let other = other.lock().await.unwrap();
+            let mut set = futures::stream::FuturesUnordered::new();
+            set.push(carried.as_mut());
+            let polled = other
+                .run(|| async {
+                    loop {
+                        tokio::select! {
+                            Some(done) = futures::StreamExt::next(&mut set) => break done,
+                            _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+                        }
+                    }
+                })
+                .await;
+            drop(set);
+            release(other, true).await;
+            polled.and_then(|again| again)
+        };
+        match again {
+            Ok(Some(again)) => {
+                let fence = critical_section(client, &again, name, hold, log).await;
+                release_section(again, name, fence, log).await;
+            }
+            Ok(None) => {}
+            // A side hold's lease ran out on a loaded machine: the carried future ended with it.
+            Err(Error::LeaseLost { .. }) => {}
+            Err(e) => panic!("the carried future failed: {e}"),
         }
         drop(carried);
         let side_guard = Arc::into_inner(side_guard).expect("the carried future is gone");
-        side_guard.unlock().await.unwrap();
+        release(side_guard, true).await;
     } else {
         let owner = guard.owner();
         let fence = critical_section(client, &guard, name, hold, log).await;
@@ -213,9 +256,14 @@ async fn worker(client: Client, log: Arc<Mutex<Log>>, seed: u64, identities: boo
         let name = rng.usize(0..NAMES.len());
         let lock = client.lock(NAMES[name]);
         let hold = Duration::from_micros(rng.u64(0..4000));
-        let mode = rng.u8(0..if identities { 6 } else { 4 });
+        let mode = rng.u8(0..if identities { 7 } else { 4 });
         if mode >= 4 {
-            identity_paths(&client, &lock, name, hold, mode == 4, &log).await;
+            let how = match mode {
+                4 => Identity::Escaped,
+                5 => Identity::WithOwner,
+                _ => Identity::Reparented,
+            };
+            identity_paths(&client, &lock, name, hold, how, &log).await;
             continue;
         }
         let guard = match mode {

@@ -17,6 +17,9 @@ pub(crate) enum Kind {
     /// redbaton with `baton_passes(0)`: every release is an ordinary one (the behaviour before
     /// the baton pass), measured beside `Redbaton` in the same run.
     RedbatonNoBaton,
+    /// redbaton with holds checked at renewals only (`lease_check_interval` 24 h): beside
+    /// `Redbaton` in the uncontended and many-keys runs, what the checks between renewals cost.
+    RedbatonNoCheck,
     /// redbaton's own acquire and release scripts sent straight through fred, no library:
     /// what the protocol costs without redbaton's layer.
     Scripts,
@@ -32,9 +35,10 @@ pub(crate) enum Kind {
 }
 
 impl Kind {
-    pub(crate) const ALL: [Kind; 10] = [
+    pub(crate) const ALL: [Kind; 11] = [
         Kind::Redbaton,
         Kind::RedbatonNoBaton,
+        Kind::RedbatonNoCheck,
         Kind::Scripts,
         Kind::Naive,
         Kind::NaiveJitter,
@@ -49,6 +53,7 @@ impl Kind {
         match self {
             Kind::Redbaton => "redbaton",
             Kind::RedbatonNoBaton => "redbaton-nobaton",
+            Kind::RedbatonNoCheck => "redbaton-nocheck",
             Kind::Scripts => "redbaton-scripts",
             Kind::Naive => "naive-10ms",
             Kind::NaiveJitter => "naive-jitter",
@@ -69,6 +74,7 @@ impl Kind {
         match self {
             Kind::Redbaton => "baton pass in process, else pub/sub wake one",
             Kind::RedbatonNoBaton => "pub/sub, wake one",
+            Kind::RedbatonNoCheck => "as redbaton; holds checked at renewals only",
             Kind::Scripts => "poll 10 ms (no library)",
             Kind::Naive => "poll 10 ms",
             Kind::NaiveJitter => "poll U(0,20) ms",
@@ -90,7 +96,11 @@ impl Kind {
             | Kind::RslockTuned
             | Kind::Rlock
             | Kind::RlockTuned => &["set"],
-            Kind::Redbaton | Kind::RedbatonNoBaton | Kind::Scripts | Kind::Redisson => &[],
+            Kind::Redbaton
+            | Kind::RedbatonNoBaton
+            | Kind::RedbatonNoCheck
+            | Kind::Scripts
+            | Kind::Redisson => &[],
         }
     }
 }
@@ -143,6 +153,14 @@ impl Ctx {
                 redbaton::Client::builder()
                     .url(url)
                     .baton_passes(0)
+                    .connect()
+                    .await
+                    .expect("connect"),
+            ),
+            Kind::RedbatonNoCheck => Ctx::Redbaton(
+                redbaton::Client::builder()
+                    .url(url)
+                    .lease_check_interval(std::time::Duration::from_secs(24 * 3600))
                     .connect()
                     .await
                     .expect("connect"),

@@ -66,7 +66,7 @@ pub(crate) struct Opts {
     /// each server: `servers=redis-6.2,redis-7.0,valkey-8.1`, the default), parked.
     only: Option<Vec<String>>,
     /// Comma-separated contenders (`contenders`; default all): redbaton, redbaton-nobaton,
-    /// redbaton-scripts (uncontended and many keys only), naive-10ms, naive-jitter, rslock, rslock-10ms, rlock, rlock-10ms, redisson.
+    /// redbaton-scripts and redbaton-nocheck (uncontended and many keys only), naive-10ms, naive-jitter, rslock, rslock-10ms, rlock, rlock-10ms, redisson.
     pub(crate) contenders: Vec<Kind>,
     /// Also write the JSON lines to this file (`json`; default: stdout only). Relative to the
     /// workspace root, since cargo runs benches from their package's directory.
@@ -104,10 +104,13 @@ impl Opts {
 
     /// The contenders a scenario runs: `redbaton-scripts` (no waiting of its own) only
     /// separates costs, in many keys and in the uncontended cycle, where it is the floor
-    /// redbaton's own scripts set on a fred connection configured like redbaton's.
+    /// redbaton's own scripts set on a fred connection configured like redbaton's; so does
+    /// `redbaton-nocheck` (what the checks between renewals cost).
     pub(crate) fn contenders_in(&self, scenario: &str) -> Vec<Kind> {
-        let separates =
-            |k: &Kind| *k != Kind::Scripts || matches!(scenario, "many" | "uncontended");
+        let separates = |k: &Kind| {
+            !matches!(k, Kind::Scripts | Kind::RedbatonNoCheck)
+                || matches!(scenario, "many" | "uncontended")
+        };
         self.contenders.iter().copied().filter(separates).collect()
     }
 

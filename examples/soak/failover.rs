@@ -272,9 +272,40 @@ impl Topology {
         }
     }
 
+    /// Makes the Sentinel replica resync in full — `REPLICAOF NO ONE` and back gives it a
+    /// replication id of its own, which its primary does not know, so no partial resync — and
+    /// waits until it is in sync again. Returns the window in which the primary listed it not
+    /// yet online (the transfer waits `repl-diskless-sync-delay`, 5 s); `None` on a cluster.
+    pub fn resync(&mut self) -> Result<Option<(u64, u64)>, String> {
+        let Topology::Sentinel { nodes, primary, .. } = self else {
+            return Ok(None);
+        };
+        let primary = *primary;
+        let replica = nodes
+            .iter()
+            .map(|n| n.port)
+            .find(|&p| p != primary)
+            .ok_or("no replica")?;
+        let full_syncs = || stat(primary, "sync_full");
+        let before = full_syncs();
+        cli(primary, &["config", "set", "repl-diskless-sync", "yes"]);
+        cli(primary, &["config", "set", "repl-diskless-sync-delay", "5"]);
+        cli(replica, &["replicaof", "no", "one"]);
+        cli(replica, &["replicaof", "127.0.0.1", &primary.to_string()]);
+        let window = resync_window(primary, Duration::from_secs(60))?;
+        if full_syncs() <= before {
+            return Err(format!(
+                "the replica on {replica} resynced, but not in full (sync_full {before})"
+            ));
+        }
+        self.wait_replicated(Duration::from_secs(60))?;
+        Ok(Some(window))
+    }
+
     /// SIGKILLs a primary and waits until its replica serves in its place (and, on Sentinel,
-    /// the killed server is back as a replica, in sync). Returns how long the promotion took.
-    pub fn fail_over(&mut self) -> Result<Duration, String> {
+    /// the killed server is back as a replica, in sync: a full resync, whose window is
+    /// returned). Returns how long the promotion took.
+    pub fn fail_over(&mut self) -> Result<(Duration, Option<(u64, u64)>), String> {
         match self {
             Topology::Sentinel {
                 nodes,
@@ -315,8 +346,9 @@ impl Topology {
                     "127.0.0.1".into(),
                     survivor.to_string(),
                 ])?;
+                let window = resync_window(survivor, Duration::from_secs(60)).ok();
                 self.wait_replicated(Duration::from_secs(60))?;
-                Ok(took)
+                Ok((took, window))
             }
             Topology::Cluster { nodes, killed } => {
                 let live = nodes
@@ -354,10 +386,46 @@ impl Topology {
                 if !healed {
                     return Err(format!("the cluster did not replace primary {victim}"));
                 }
-                Ok(started.elapsed())
+                Ok((started.elapsed(), None))
             }
         }
     }
+}
+
+/// A counter of `INFO stats` on `port` (0 when it cannot be read).
+fn stat(port: u16, name: &str) -> u64 {
+    cli(port, &["info", "stats"])
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Watches `primary`'s `INFO replication` until a replica is listed `state=online`: from when
+/// it was first listed in another state (a full resync: `wait_bgsave`, `send_bulk`) to then,
+/// in `mono_ns`. An error when none was seen resyncing.
+fn resync_window(primary: u16, limit: Duration) -> Result<(u64, u64), String> {
+    let started = Instant::now();
+    let mut from = None;
+    while started.elapsed() < limit {
+        let info = cli(primary, &["info", "replication"]);
+        let states: Vec<&str> = info
+            .lines()
+            .filter(|l| l.starts_with("slave") && l.contains("state="))
+            .filter_map(|l| l.split(',').find_map(|f| f.trim().strip_prefix("state=")))
+            .collect();
+        let now = crate::record::mono_ns();
+        if states.contains(&"online") {
+            return from
+                .map(|from| (from, now))
+                .ok_or_else(|| "the replica came online without a resync seen".to_owned());
+        }
+        if !states.is_empty() && from.is_none() {
+            from = Some(now);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Err(format!("no replica of {primary} online within {limit:?}"))
 }
 
 /// `(port, has a live replica)` of every live primary with slots, by `CLUSTER NODES` on

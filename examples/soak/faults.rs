@@ -24,8 +24,13 @@ pub(crate) enum FaultKind {
     ProxyStall,
     ProxyCut,
     Restart,
+    /// `CLIENT PAUSE … WRITE` longer than four command timeouts: every call in flight is given
+    /// up past its bound (and finished when the server answers).
+    LongPause,
     /// A failover topology's primary SIGKILLed and its replica promoted.
     Failover,
+    /// A Sentinel replica made to resync in full (`REPLICAOF NO ONE`, then back).
+    Resync,
 }
 
 impl FaultKind {
@@ -46,7 +51,9 @@ impl FaultKind {
             FaultKind::ProxyStall => "proxy stall",
             FaultKind::ProxyCut => "proxy cut",
             FaultKind::Restart => "server restart",
+            FaultKind::LongPause => "client pause past the call bound",
             FaultKind::Failover => "primary killed and replica promoted",
+            FaultKind::Resync => "replica full resync",
         }
     }
 
@@ -71,6 +78,9 @@ pub(crate) struct Fault {
     /// How long it lasted (pause, stall, cut, restart downtime).
     pub(crate) length: Duration,
     pub(crate) ok: bool,
+    /// A replica's full resync that went with it: from when the primary listed the replica
+    /// not yet online to when it listed it online (`mono_ns`).
+    pub(crate) resync: Option<(u64, u64)>,
 }
 
 pub(crate) async fn raw_client(url: &str) -> Result<fred::clients::Client, String> {
@@ -99,6 +109,14 @@ pub(crate) async fn command(
         .is_ok()
 }
 
+/// The fault schedule's durations: the mean time between faults, the clients' watchdog lease
+/// and the shortest command timeout of a worker (which set how long stalls last).
+pub(crate) struct Timing {
+    pub(crate) every: Duration,
+    pub(crate) lease: Duration,
+    pub(crate) command_timeout: Duration,
+}
+
 /// Injects faults until `stop` turns true; leaves the proxy open and the server up.
 pub(crate) async fn inject_faults(
     server: Arc<Mutex<Server>>,
@@ -106,11 +124,18 @@ pub(crate) async fn inject_faults(
     raw: fred::clients::Client,
     mut stop: watch::Receiver<bool>,
     seed: u64,
-    every: Duration,
-    lease: Duration,
+    timing: Timing,
 ) -> Vec<Fault> {
+    let Timing {
+        every,
+        lease,
+        command_timeout,
+    } = timing;
     let mut rng = fastrand::Rng::with_seed(seed ^ 0xFA17);
     let mut faults = Vec::new();
+    // Past the call bound (four command timeouts) of every call of the worker with the
+    // shortest command timeout.
+    let long_pause = command_timeout * 4 + Duration::from_millis(500);
     loop {
         let pause = every.mul_f64(0.5 + rng.f64());
         tokio::select! {
@@ -120,7 +145,12 @@ pub(crate) async fn inject_faults(
         if *stop.borrow() {
             break;
         }
-        let kind = FaultKind::pick(&mut rng);
+        // The third fault, then every 100th, is a pause past the call bound: long, so rare.
+        let kind = if faults.len() % 100 == 2 {
+            FaultKind::LongPause
+        } else {
+            FaultKind::pick(&mut rng)
+        };
         let at_ns = mono_ns();
         let started = Instant::now();
         let ok = match kind {
@@ -130,6 +160,12 @@ pub(crate) async fn inject_faults(
                 let ms = rng.u64(200..=800).to_string();
                 let ok = command(&raw, "CLIENT", &["PAUSE", &ms, "ALL"]).await;
                 tokio::time::sleep(Duration::from_millis(ms.parse().unwrap_or(0))).await;
+                ok
+            }
+            FaultKind::LongPause => {
+                let ms = long_pause.as_millis().to_string();
+                let ok = command(&raw, "CLIENT", &["PAUSE", &ms, "WRITE"]).await;
+                tokio::time::sleep(long_pause).await;
                 ok
             }
             FaultKind::ProxyStall => {
@@ -146,8 +182,8 @@ pub(crate) async fn inject_faults(
                 proxy.set(Mode::Open);
                 true
             }
-            // Never picked: failovers have their own schedule.
-            FaultKind::Failover => false,
+            // Never picked: failovers and resyncs have their own schedule.
+            FaultKind::Failover | FaultKind::Resync => false,
             FaultKind::Restart => {
                 let server = server.clone();
                 match tokio::task::spawn_blocking(move || server.lock().restart()).await {
@@ -168,6 +204,7 @@ pub(crate) async fn inject_faults(
             kind,
             length: started.elapsed(),
             ok,
+            resync: None,
         });
     }
     proxy.set(Mode::Open);
@@ -184,18 +221,45 @@ pub(crate) async fn fail_over_repeatedly(
 ) -> (Vec<Fault>, Option<String>) {
     let mut faults = Vec::new();
     for n in 0..count {
-        tokio::time::sleep(every).await;
+        let waited = Instant::now();
+        if n == 0 {
+            // The first wait begins with a replica's full resync (Sentinel only), while the
+            // clients lock with `ReplicaSync::Auto`: it must not refuse them meanwhile (each
+            // failover ends with another, the killed server's as a replica).
+            let at_ns = mono_ns();
+            let t = topology.clone();
+            match tokio::task::spawn_blocking(move || t.lock().resync()).await {
+                Ok(Ok(Some(window))) => {
+                    eprintln!(
+                        "soak: replica resynced in full ({:.1?} not online)",
+                        Duration::from_nanos(window.1 - window.0)
+                    );
+                    faults.push(Fault {
+                        at_ns,
+                        kind: FaultKind::Resync,
+                        length: waited.elapsed(),
+                        ok: true,
+                        resync: Some(window),
+                    });
+                }
+                Ok(Ok(None)) => {}
+                Ok(Err(e)) => return (faults, Some(format!("replica resync: {e}"))),
+                Err(e) => return (faults, Some(e.to_string())),
+            }
+        }
+        tokio::time::sleep(every.saturating_sub(waited.elapsed())).await;
         let at_ns = mono_ns();
         let topology = topology.clone();
         let outcome = tokio::task::spawn_blocking(move || topology.lock().fail_over()).await;
         match outcome {
-            Ok(Ok(took)) => {
+            Ok(Ok((took, resync))) => {
                 eprintln!("soak: failover {} done; promoted after {took:.1?}", n + 1);
                 faults.push(Fault {
                     at_ns,
                     kind: FaultKind::Failover,
                     length: took,
                     ok: true,
+                    resync,
                 });
                 done.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
             }

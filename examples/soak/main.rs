@@ -14,7 +14,18 @@
 //! and nested holds mixing watchdog and fixed leases, holding them for random short times.
 //! Meanwhile the parent kills the subscriber connections, flushes the script cache, pauses all
 //! clients, stalls the proxy (up to 1.6 leases) and cuts it, and kills and restarts the
-//! server — about one fault a second.
+//! server — about one fault a second; the third fault, and every 100th after it, pauses writes
+//! for longer than four command timeouts of the last worker, whose clients have a short one
+//! (`--short-timeout-ms`): every call of that worker in flight is given up past its bound and
+//! finished when the server answers, for every kind the run takes. An operator client in the
+//! first worker force-unlocks a held `Lock` name every `--force-every-ms` or so and then holds
+//! it itself. Tasks also take the stale identities a hold handed on in memory must not let
+//! back in (invariant 16, docs/DESIGN.md): a future first polled inside a hold's scope and
+//! finished after its release outside every scope (`escaped`) or inside another hold's scope
+//! through a `FuturesUnordered` in a `select!` loop (`reparented`), and the released hold's
+//! owner named with `with_owner` — whatever they get is a section of its own in the history.
+//! On `--topology sentinel` the wait before the first failover begins with a full resync of
+//! the replica (`REPLICAOF NO ONE` and back), and every failover ends with one.
 //!
 //! Every critical section is recorded: start and end on `CLOCK_MONOTONIC` (one clock for all
 //! processes), a fencing number taken inside it (INCR), when — if at all by its end — its
@@ -36,7 +47,13 @@
 //!   lost (a stalled proxy delivered its INCR late), never by another valid holder;
 //! - a fresh acquire counts exactly one hold in Redis (sampled): a higher count is a hold
 //!   nobody knows about, left by a script that ran although its caller saw an error;
-//! - every task finishes, and no hold outlives its lease once every task released.
+//! - every task finishes, and no hold outlives its lease once every task released;
+//! - a force-unlock breaks only what it struck: the section running across it and the rest of
+//!   that hold's run of hand-offs in memory (the same owner field, within `RUN_AFTER_FORCE`
+//!   of the force) count as lost from the force on; every other section must exclude the
+//!   operator's as any other;
+//! - no acquire is refused as not replicated while the only replica is in a full resync and
+//!   the clients had time to see it (`ReplicaSync::Auto` waits for online replicas only).
 //!
 //! The server is the one `REDBATON_TEST_SERVER` names, as in the tests (`redis-7.0`, the
 //! default; `redis-6.2` or `valkey-8.1` from scripts/install-servers.sh), for the standalone,
@@ -98,6 +115,12 @@ pub struct Opts {
     /// The clients' command timeout, in ms.
     #[arg(long, default_value_t = 2000)]
     pub command_timeout_ms: u64,
+    /// The command timeout of the last worker's clients on the standalone topology, in ms
+    /// (0: `--command-timeout-ms` like the others): the pause past the call bound lasts four
+    /// of these and 500 ms, so it is past the bound of every call that worker makes — of every
+    /// kind the run takes — and short for the rest of the run.
+    #[arg(long, default_value_t = 300)]
+    pub short_timeout_ms: u64,
     /// The mean time between two faults, in ms.
     #[arg(long, default_value_t = 1000)]
     pub fault_every_ms: u64,
@@ -149,6 +172,12 @@ pub struct Opts {
     /// of one permit — instead of `--names` plain locks: a mixed fleet.
     #[arg(long, default_value_t = 0)]
     pub java: usize,
+    /// How often (mean, in ms) an operator client force-unlocks a held `Lock` name and then
+    /// holds it itself, on the standalone topology with faults on; 0: never. The checker
+    /// lets the holds a force struck (and the run of hand-offs in memory it broke) overlap
+    /// from the force on, and nothing else.
+    #[arg(long, default_value_t = 700)]
+    pub force_every_ms: u64,
     /// The Java workers' `lockWatchdogTimeout`, in ms: Redisson tells a holder nothing when a
     /// watchdog lease is lost, so it must outlast every fault a direct Java worker meets.
     #[arg(long, default_value_t = 5000)]

@@ -13,13 +13,13 @@ use parking_lot::Mutex;
 use tokio::sync::watch;
 
 use crate::failover::Topology;
-use crate::faults::{fail_over_repeatedly, inject_faults, raw_client};
+use crate::faults::{fail_over_repeatedly, inject_faults, raw_client, Timing};
 use crate::java_peer::{driver_command, QUICK_JVM};
 use crate::proxy::{Mode, Proxy};
 use crate::record::{kind_of, mono_ns, names, since, NameKind, Record, MIXED};
 use crate::server::Server;
-use crate::verdict::{check, print_summary, Summary, Violations};
-use crate::worker::FAIR_LOCK_WAIT;
+use crate::verdict::{check, print_summary, resync_violations, strike, Summary, Violations};
+use crate::worker::{Forced, FAIR_LOCK_WAIT};
 use crate::{Opts, TopologyKind};
 
 fn read_number(path: &Path) -> u64 {
@@ -27,6 +27,17 @@ fn read_number(path: &Path) -> u64 {
         .ok()
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(0)
+}
+
+/// The command timeout of worker `id`'s clients: the last worker's is short on the standalone
+/// topology (see `--short-timeout-ms`).
+fn timeout_of(opts: &Opts, id: usize, lock_url: Option<&str>) -> u64 {
+    let short = opts.short_timeout_ms;
+    if id + 1 == opts.processes && lock_url.is_none() && short > 0 {
+        short.min(opts.command_timeout_ms)
+    } else {
+        opts.command_timeout_ms
+    }
 }
 
 fn spawn_worker(
@@ -50,7 +61,10 @@ fn spawn_worker(
         .args(["--seed", &seed.to_string()])
         .args(["--tasks", &opts.tasks.to_string()])
         .args(["--lease-ms", &opts.lease_ms.to_string()])
-        .args(["--command-timeout-ms", &opts.command_timeout_ms.to_string()])
+        .args([
+            "--command-timeout-ms",
+            &timeout_of(opts, id, lock_url).to_string(),
+        ])
         .args(["--sabotage", &opts.sabotage.to_string()])
         .args(["--grace-secs", &opts.grace_secs.to_string()])
         .args(["--calls", &opts.calls])
@@ -64,6 +78,10 @@ fn spawn_worker(
     }
     if opts.java > 0 {
         command.arg("--mixed");
+    }
+    // The first worker runs the operator, on the standalone topology with faults on.
+    if id == 0 && lock_url.is_none() && !opts.no_faults && opts.force_every_ms > 0 {
+        command.args(["--operator-every-ms", &opts.force_every_ms.to_string()]);
     }
     command.spawn().expect("spawn a worker process")
 }
@@ -309,8 +327,11 @@ async fn run(opts: Opts) -> Result<bool, String> {
             raw.clone(),
             stop_rx,
             seed,
-            Duration::from_millis(opts.fault_every_ms),
-            lease,
+            Timing {
+                every: Duration::from_millis(opts.fault_every_ms),
+                lease,
+                command_timeout: Duration::from_millis(timeout_of(&opts, opts.processes - 1, None)),
+            },
         ))
     });
 
@@ -440,7 +461,22 @@ async fn run(opts: Opts) -> Result<bool, String> {
     // Merge.
     let mut records: Vec<Record> = Vec::new();
     let mut counters: BTreeMap<String, u64> = BTreeMap::new();
+    let mut forced: Vec<Forced> = Vec::new();
+    let mut refusals: Vec<u64> = Vec::new();
     for id in 0..total {
+        if let Ok(text) = std::fs::read_to_string(dir.join(format!("forced-{id}"))) {
+            for line in text.lines() {
+                forced.push(line.parse()?);
+            }
+        }
+        if let Ok(text) = std::fs::read_to_string(dir.join(format!("refusals-{id}"))) {
+            for line in text.lines() {
+                refusals.push(
+                    line.parse()
+                        .map_err(|_| format!("bad refusal line {line:?}"))?,
+                );
+            }
+        }
         if let Ok(text) = std::fs::read_to_string(dir.join(format!("history-{id}"))) {
             for line in text.lines() {
                 records.push(line.parse()?);
@@ -462,6 +498,11 @@ async fn run(opts: Opts) -> Result<bool, String> {
         for stray in mixed_strays(&raw, longest + Duration::from_secs(5)).await {
             violations.add("stray holds", stray);
         }
+    }
+    // The holds a force-unlock struck count as lost from the force on.
+    let struck = strike(&mut records, &forced);
+    for found in resync_violations(&faults, &refusals, &records, epoch) {
+        violations.add("acquires held up while the only replica resynced", found);
     }
     let report = check(&raw, run_names, &records, &counters, epoch).await?;
     for (kind, details) in &report.violations.0 {
@@ -492,6 +533,9 @@ async fn run(opts: Opts) -> Result<bool, String> {
         opts: &opts,
         seed,
         reached,
+        forced: (forced.len(), struck),
+        refusals: refusals.len(),
+        short_timeout_ms: timeout_of(&opts, opts.processes - 1, lock_url.as_deref()),
     });
     drop(proxy);
     server.lock().kill();

@@ -176,6 +176,13 @@ pub struct Record {
     pub worker: usize,
     /// Task number within the worker.
     pub task: usize,
+    /// The owner field of the hold the section ran under (`-` when unknown: a Java worker's,
+    /// another kind's). A run of hand-offs in memory keeps one field, so a force-unlock's
+    /// checker follows a struck hold's run by it.
+    pub owner: String,
+    /// The release found the hold gone although its holder had not been told (a force-unlock
+    /// struck it, say).
+    pub gone: bool,
 }
 
 impl Record {
@@ -189,7 +196,7 @@ impl fmt::Display for Record {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} {} {} {} {} {} {} {} {} {} {} {}",
+            "{} {} {} {} {} {} {} {} {} {} {} {} {} {}",
             self.name,
             self.start_ns,
             self.end_ns,
@@ -201,7 +208,9 @@ impl fmt::Display for Record {
             self.op,
             u8::from(self.proxied),
             self.worker,
-            self.task
+            self.task,
+            self.owner,
+            u8::from(self.gone)
         )
     }
 }
@@ -212,7 +221,8 @@ impl std::str::FromStr for Record {
     fn from_str(line: &str) -> Result<Self, Self::Err> {
         let bad = || format!("bad history line {line:?}");
         let f: Vec<&str> = line.split(' ').collect();
-        if f.len() != 12 {
+        // A Java worker writes the first 12 columns: no owner, nothing found gone.
+        if f.len() != 12 && f.len() != 14 {
             return Err(bad());
         }
         let num = |i: usize| f[i].parse::<i64>().map_err(|_| bad());
@@ -236,6 +246,8 @@ impl std::str::FromStr for Record {
             proxied: f[9] == "1",
             worker: unsigned(10)? as usize,
             task: unsigned(11)? as usize,
+            owner: f.get(12).map_or("-", |o| o).to_owned(),
+            gone: f.get(13) == Some(&"1"),
         })
     }
 }
@@ -259,8 +271,14 @@ mod tests {
             proxied: true,
             worker: 1,
             task: 7,
+            owner: "c0ffee:12".into(),
+            gone: true,
         };
         assert_eq!(r.to_string().parse::<Record>(), Ok(r.clone()));
+        let java = "2 5 9 -1 8 R 44 3 reentrant:fw 1 1 7"
+            .parse::<Record>()
+            .unwrap();
+        assert_eq!((java.owner.as_str(), java.gone), ("-", false));
         let told_nothing = Record { lost_ns: None, ..r };
         assert_eq!(told_nothing.to_string().parse::<Record>(), Ok(told_nothing));
         assert!("1 2 3".parse::<Record>().is_err());

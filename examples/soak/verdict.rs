@@ -9,7 +9,113 @@ use fred::interfaces::{HashesInterface, KeysInterface};
 use crate::faults::{Fault, FaultKind};
 use crate::history::{judge_history, Section};
 use crate::record::{counter_key, fence_key, names, since, Record, WriteOutcome};
+use crate::worker::Forced;
 use crate::{Opts, TopologyKind};
+
+/// How long after a force-unlock's reply a section under the field of a hold it struck may
+/// begin and still count as struck: the run of hand-offs in memory that hold was in ends when
+/// the unlock message reaches its client (invariant 16, docs/DESIGN.md), at the latest at the
+/// run's own 50 ms bound; the rest is a loaded machine's delay between a hand-off and its
+/// section's first instant, which is all the history records. A section under another field
+/// is a hold of its own and must exclude the force's.
+pub(crate) const RUN_AFTER_FORCE: Duration = Duration::from_millis(250);
+
+/// Marks lost from the force on the sections a force-unlock struck, as breaking the current
+/// holder is what a force-unlock is for: the section running across the force (or whose
+/// holder was told, or whose release found the hold gone, after it), and the rest of that
+/// hold's run of hand-offs in memory under the same owner field (see [`RUN_AFTER_FORCE`]).
+/// Every other section must exclude the others as usual. Returns how many were struck.
+pub(crate) fn strike(records: &mut [Record], forced: &[Forced]) -> usize {
+    let after = RUN_AFTER_FORCE.as_nanos() as u64;
+    let mut struck: Vec<Option<u64>> = vec![None; records.len()];
+    for f in forced {
+        // Sabotaged sections hold nothing: no force strikes them.
+        let of_name = || {
+            (0..records.len()).filter(|&i| records[i].name == f.name && records[i].op != "sabotage")
+        };
+        let hit =
+            |r: &Record| r.end_ns > f.sent_ns && (r.start_ns < f.replied_ns || r.lost() || r.gone);
+        let victims: Vec<&str> = of_name()
+            .filter(|&i| hit(&records[i]))
+            .map(|i| records[i].owner.as_str())
+            .collect();
+        for i in of_name() {
+            let r = &records[i];
+            // A victim whose field is unknown (a Java worker's) is struck alone: it has no
+            // run of hand-offs.
+            let alone = r.owner == "-" && hit(r);
+            let in_run = r.owner != "-"
+                && victims.contains(&r.owner.as_str())
+                && r.end_ns > f.sent_ns
+                && r.start_ns < f.replied_ns + after;
+            if alone || in_run {
+                let at = f.sent_ns.max(r.start_ns);
+                struck[i] = Some(struck[i].map_or(at, |before| before.min(at)));
+            }
+        }
+    }
+    let mut count = 0;
+    for (r, struck) in records.iter_mut().zip(struck) {
+        if let Some(at) = struck {
+            count += 1;
+            r.lost_ns = Some(r.lost_ns.map_or(at, |told| told.min(at)));
+        }
+    }
+    count
+}
+
+/// How long after a replica's full resync began an acquire may still be refused as not
+/// replicated: the client re-reads the replicas that can acknowledge every second, and a
+/// refused acquire had waited its acknowledgement timeout (1 s) first; the rest is slack for
+/// a loaded machine.
+const RESYNC_NOTICED: Duration = Duration::from_millis(2500);
+
+/// What went wrong while the only replica was in a full resync, once the clients had had time
+/// to notice it (see [`RESYNC_NOTICED`]): `ReplicaSync::Auto` waits only for replicas that can
+/// acknowledge (invariant 13, docs/DESIGN.md), so no acquire may be refused as not replicated
+/// then — and, in a resync the soak forced on a healthy primary, acquisitions go on (a client
+/// that waited for the resyncing replica would retry every refused `lock()` until its end:
+/// no error, no section).
+pub(crate) fn resync_violations(
+    faults: &[Fault],
+    refusals: &[u64],
+    records: &[Record],
+    epoch: u64,
+) -> Vec<String> {
+    let noticed = RESYNC_NOTICED.as_nanos() as u64;
+    let mut found = Vec::new();
+    for f in faults {
+        let Some((from, to)) = f.resync else { continue };
+        let span = to.saturating_sub(from + noticed);
+        let began = records
+            .iter()
+            .filter(|r| r.start_ns > from + noticed && r.start_ns < to)
+            .count();
+        if f.kind == FaultKind::Resync && span >= 2_000_000_000 && began == 0 {
+            found.push(format!(
+                "no section began between +{:.1} s and +{:.1} s, while the replica's full resync \
+                 that began at +{:.1} s went on",
+                since(epoch, from + noticed).as_secs_f64(),
+                since(epoch, to).as_secs_f64(),
+                since(epoch, from).as_secs_f64()
+            ));
+        }
+        let n = refusals
+            .iter()
+            .filter(|&&at| at > from + noticed && at < to)
+            .count();
+        if n > 0 {
+            found.push(format!(
+                "{n} acquires refused between +{:.1} s and +{:.1} s, while the replica's full \
+                 resync that began at +{:.1} s went on",
+                since(epoch, from + noticed).as_secs_f64(),
+                since(epoch, to).as_secs_f64(),
+                since(epoch, from).as_secs_f64()
+            ));
+        }
+    }
+    found
+}
 
 /// What the merged history and the counters showed.
 #[derive(Default)]
@@ -250,6 +356,12 @@ pub(crate) struct Summary<'a> {
     pub(crate) opts: &'a Opts,
     pub(crate) seed: u64,
     pub(crate) reached: bool,
+    /// Force-unlocks by the operator, and the sections they struck.
+    pub(crate) forced: (usize, usize),
+    /// Calls refused as not replicated.
+    pub(crate) refusals: usize,
+    /// The last worker's command timeout, in ms.
+    pub(crate) short_timeout_ms: u64,
 }
 
 pub(crate) fn percentile(sorted: &[u64], p: f64) -> Duration {
@@ -275,13 +387,14 @@ pub(crate) fn print_summary(s: &Summary) {
     println!("=== redbaton soak summary (seed {}) ===", s.seed);
     println!(
         "setup                  {} processes x {} tasks (+ {} Java Redisson processes), names \
-         {:?}, watchdog lease {} ms, command timeout {} ms, calls {}",
+         {:?}, watchdog lease {} ms, command timeout {} ms (the last worker's {} ms), calls {}",
         s.opts.processes,
         s.opts.tasks,
         s.opts.java,
         names(s.opts.java > 0, s.opts.names),
         s.opts.lease_ms,
         s.opts.command_timeout_ms,
+        s.short_timeout_ms,
         s.opts.calls
     );
     println!(
@@ -350,6 +463,42 @@ pub(crate) fn print_summary(s: &Summary) {
             "fault lengths          proxy stall up to {}, server restart (kill to serving) up to {}",
             ms(longest_stall),
             ms(restarts.iter().max().copied().unwrap_or_default())
+        );
+    }
+    let identities: Vec<String> = ["escaped", "reparented", "with_owner"]
+        .iter()
+        .filter(|path| get(&format!("acquired: {path}")) > 0)
+        .map(|path| {
+            format!(
+                "{path} {} (then refused {}, a hold of its own {})",
+                get(&format!("acquired: {path}")),
+                get(&format!("{path}: refused")),
+                get(&format!("{path}: a hold of its own"))
+            )
+        })
+        .collect();
+    if !identities.is_empty() {
+        println!("stale identities       {}", identities.join("; "));
+    }
+    if s.forced.0 > 0 {
+        println!(
+            "force-unlocks          {} by the operator, striking {} sections (counted as lost from \
+             the force on)",
+            s.forced.0, s.forced.1
+        );
+    }
+    let resyncs: Vec<&Fault> = s.faults.iter().filter(|f| f.resync.is_some()).collect();
+    if !resyncs.is_empty() {
+        let longest = resyncs
+            .iter()
+            .filter_map(|f| f.resync.map(|(from, to)| Duration::from_nanos(to - from)))
+            .max()
+            .unwrap_or_default();
+        println!(
+            "replica full resyncs   {} (up to {} each), {} calls refused as not replicated in all",
+            resyncs.len(),
+            ms(longest),
+            s.refusals
         );
     }
     if s.opts.topology != TopologyKind::Standalone {
@@ -514,6 +663,8 @@ mod tests {
             proxied: false,
             worker: 0,
             task: fence as usize,
+            owner: "-".into(),
+            gone: false,
         }
     }
 
@@ -579,6 +730,105 @@ mod tests {
             .violations
             .0
             .contains_key("valid write rejected by another valid holder"));
+    }
+
+    fn section(start: u64, end: u64, owner: &str) -> Record {
+        Record {
+            start_ns: start,
+            end_ns: end,
+            fence: None,
+            lost_ns: None,
+            owner: owner.into(),
+            ..record(1, false, Accepted, 1)
+        }
+    }
+
+    fn forced(sent: u64, replied: u64) -> Forced {
+        Forced {
+            name: 0,
+            sent_ns: sent,
+            replied_ns: replied,
+        }
+    }
+
+    #[test]
+    fn a_force_strikes_its_victim_and_the_run_handed_on_under_its_field_only() {
+        let ms = 1_000_000;
+        let mut records = [
+            // Held across the force, then handed on twice in memory under the same field.
+            section(100 * ms, 110 * ms, "c:1"),
+            section(111 * ms, 115 * ms, "c:1"),
+            section(116 * ms, 120 * ms, "c:1"),
+            // The operator's own section, after the force.
+            section(106 * ms, 130 * ms, "op:1"),
+            // Another field after the force: a hold of its own, not struck.
+            section(121 * ms, 125 * ms, "c:2"),
+            // The same field long after the run's bound: not struck either.
+            section(500 * ms, 505 * ms, "c:1"),
+        ];
+        let struck = strike(&mut records, &[forced(104 * ms, 105 * ms)]);
+        assert_eq!(struck, 3);
+        let lost: Vec<Option<u64>> = records.iter().map(|r| r.lost_ns).collect();
+        assert_eq!(
+            lost,
+            [
+                Some(104 * ms),
+                Some(111 * ms),
+                Some(116 * ms),
+                None,
+                None,
+                None
+            ]
+        );
+    }
+
+    #[test]
+    fn an_overlap_no_force_explains_is_still_one() {
+        let ms = 1_000_000;
+        let mut records = [
+            section(100 * ms, 110 * ms, "c:1"),
+            section(105 * ms, 115 * ms, "c:2"),
+        ];
+        // A force long before, and one on another name.
+        let other = Forced {
+            name: 1,
+            ..forced(104 * ms, 105 * ms)
+        };
+        assert_eq!(strike(&mut records, &[forced(10 * ms, 11 * ms), other]), 0);
+        let sections: Vec<Section> = records
+            .iter()
+            .map(|r| Section {
+                name: 0,
+                start: Duration::from_nanos(r.start_ns),
+                end: Duration::from_nanos(r.end_ns),
+                fence: None,
+                lost_at: r.lost_ns.map(Duration::from_nanos),
+            })
+            .collect();
+        let verdict = judge_history("x", &sections.iter().collect::<Vec<_>>());
+        assert_eq!(verdict.overlaps.len(), 1);
+    }
+
+    #[test]
+    fn refusals_count_only_once_a_resync_was_noticed_and_while_it_lasts() {
+        let s = 1_000_000_000;
+        let resync = Fault {
+            at_ns: 0,
+            kind: FaultKind::Resync,
+            length: Duration::from_secs(6),
+            ok: true,
+            resync: Some((10 * s, 16 * s)),
+        };
+        // Before it was noticed, after it ended: allowed; in between: one violation line.
+        let refusals = [10 * s + s / 2, 12 * s + 6 * s / 10, 13 * s, 17 * s];
+        let progress = [section(13 * s, 13 * s + 5, "c:1")];
+        let found = resync_violations(&[resync.clone()], &refusals, &progress, 0);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].starts_with("2 acquires"), "{found:?}");
+        // No refusal, but no section either while the forced resync went on.
+        let found = resync_violations(&[resync], &[], &[], 0);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].starts_with("no section began"), "{found:?}");
     }
 
     #[test]

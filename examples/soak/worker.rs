@@ -62,6 +62,11 @@ pub struct WorkerArgs {
     /// The mixed soak's names, one of each kind, shared with Java Redisson workers.
     #[arg(long)]
     pub mixed: bool,
+    /// When above 0, this worker also runs an operator: a client of its own that
+    /// force-unlocks a `Lock` name about this often (ms) and then holds it itself for a
+    /// section (see `forced-<id>`).
+    #[arg(long, default_value_t = 0)]
+    pub operator_every_ms: u64,
 }
 
 /// Counters by label (`miss`, `acquire error: Timeout`, …), summed by the parent.
@@ -86,6 +91,9 @@ struct Ctx {
     mixed: bool,
     /// Where fences and counters live, when not with the locks.
     ledger: Option<fred::clients::Client>,
+    /// When each call refused as not replicated returned (`mono_ns`): the parent checks none
+    /// came while the only replica was in a full resync (`refusals-<id>`).
+    refusals: Mutex<Vec<u64>>,
 }
 
 fn error_kind(e: &Error) -> &'static str {
@@ -101,6 +109,12 @@ fn error_kind(e: &Error) -> &'static str {
         Error::NotReplicated { .. } => "NotReplicated",
         _ => "other",
     }
+}
+
+/// Writes `items` to `path` atomically, one a line.
+fn write_lines(path: &Path, items: &[impl std::fmt::Display]) {
+    let text: String = items.iter().map(|item| format!("{item}\n")).collect();
+    write_atomically(path, &text).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
 }
 
 /// Writes `text` to `path` atomically (write a temporary file, rename).
@@ -207,6 +221,7 @@ async fn run(args: WorkerArgs) -> i32 {
         names: names(args.mixed, args.names),
         mixed: args.mixed,
         ledger,
+        refusals: Mutex::new(Vec::new()),
     });
     let dir = args.dir.clone();
     std::fs::write(dir.join(format!("ready-{}", args.id)), "").expect("write the ready file");
@@ -255,6 +270,17 @@ async fn run(args: WorkerArgs) -> i32 {
         let proxied = t % 2 == 1 && args.lock_url.is_none();
         tasks.push(tokio::spawn(task(ctx.clone(), client, proxied, t, seed)));
     }
+    let operator = (args.operator_every_ms > 0).then(|| {
+        let ctx = ctx.clone();
+        let args = args.clone();
+        let url = args.lock_url.clone().unwrap_or_else(|| direct_url.clone());
+        tokio::spawn(async move {
+            let client = connect(&url, &args).await;
+            let forced = operate(&ctx, &client, &args).await;
+            let _ = tokio::time::timeout(Duration::from_secs(10), client.shutdown()).await;
+            forced
+        })
+    });
     let _ = watcher.await;
 
     // Every task must finish within the grace period.
@@ -272,6 +298,20 @@ async fn run(args: WorkerArgs) -> i32 {
     }
     ctx.counters.add("tasks", args.tasks as u64);
     ctx.counters.add("tasks unfinished", unfinished);
+    if let Some(operator) = operator {
+        let forced = match tokio::time::timeout_at(deadline, operator).await {
+            Ok(Ok(forced)) => forced,
+            _ => {
+                ctx.counters.add("tasks unfinished", 1);
+                Vec::new()
+            }
+        };
+        write_lines(&dir.join(format!("forced-{}", args.id)), &forced);
+    }
+    write_lines(
+        &dir.join(format!("refusals-{}", args.id)),
+        &ctx.refusals.lock(),
+    );
     if unfinished == 0 {
         // The hashes name their owners; a leased permit's id does not (the parent checks those).
         let hashes: Vec<&str> = (0..ctx.names.len())
@@ -282,14 +322,10 @@ async fn run(args: WorkerArgs) -> i32 {
         ctx.counters.add("stray holds", strays);
     }
 
-    let history: String = ctx
-        .history
-        .lock()
-        .iter()
-        .map(|r| format!("{r}\n"))
-        .collect();
-    write_atomically(&dir.join(format!("history-{}", args.id)), &history)
-        .expect("write the history");
+    write_lines(
+        &dir.join(format!("history-{}", args.id)),
+        &ctx.history.lock(),
+    );
     let summary: String = ctx
         .counters
         .0
@@ -363,10 +399,19 @@ pub enum Op {
     ReWf,
     ReFw,
     ReFf,
+    /// A future first polled inside the hold's scope and finished outside every scope after
+    /// the hold was released (maybe handed on in memory): it tries the lock again.
+    Escaped,
+    /// The same, finished inside another hold's scope, polled there by a `FuturesUnordered`
+    /// in a `select!` loop.
+    Reparented,
+    /// The hold's owner read from its guard, and named again with `with_owner` after the
+    /// release: it tries the lock again.
+    WithOwner,
 }
 
 /// Every call with its share of the rounds.
-const WEIGHTS: [(Op, u32); 9] = [
+const WEIGHTS: [(Op, u32); 12] = [
     (Op::Lock, 20),
     (Op::TryLock, 14),
     (Op::TryLockFor, 14),
@@ -376,6 +421,9 @@ const WEIGHTS: [(Op, u32); 9] = [
     (Op::ReWf, 8),
     (Op::ReFw, 7),
     (Op::ReFf, 7),
+    (Op::Escaped, 3),
+    (Op::Reparented, 3),
+    (Op::WithOwner, 3),
 ];
 
 /// The calls named in `list` (comma-separated labels, or `all`), with their weights.
@@ -423,6 +471,9 @@ impl Op {
             Op::ReWf => "reentrant:wf",
             Op::ReFw => "reentrant:fw",
             Op::ReFf => "reentrant:ff",
+            Op::Escaped => "escaped",
+            Op::Reparented => "reparented",
+            Op::WithOwner => "with_owner",
         }
     }
 }
@@ -456,7 +507,7 @@ async fn task(ctx: Arc<Ctx>, client: Client, proxied: bool, task: usize, seed: u
         if ctx.sabotage > 0.0 && rng.f64() < ctx.sabotage {
             // Self-test: a section that never took the lock, recorded as valid.
             ctx.counters.add("sabotaged sections", 1);
-            run.section(hold, 0, "sabotage", std::future::pending())
+            run.section(hold, 0, "sabotage", "-", std::future::pending())
                 .await;
             continue;
         }
@@ -466,9 +517,14 @@ async fn task(ctx: Arc<Ctx>, client: Client, proxied: bool, task: usize, seed: u
             run.other_kind(kind, op, hold, &mut rng).await;
             continue;
         }
+        if matches!(op, Op::Escaped | Op::Reparented | Op::WithOwner) {
+            run.identity_path(&lock, op, hold).await;
+            continue;
+        }
         let started = Instant::now();
         let acquired = match op {
             Op::Lock | Op::ReWw | Op::ReWf => lock.lock().await.map(Some),
+            Op::Escaped | Op::Reparented | Op::WithOwner => unreachable!("taken above"),
             Op::TryLock => lock.try_lock().await,
             Op::TryLockFor => {
                 lock.try_lock_for(Duration::from_millis(rng.u64(0..600)))
@@ -496,11 +552,7 @@ async fn task(ctx: Arc<Ctx>, client: Client, proxied: bool, task: usize, seed: u
                 continue;
             }
             Err(e) => {
-                ctx.counters
-                    .add(format!("acquire error: {}", error_kind(&e)), 1);
-                run.log(&format!("{} failed: {e}", op.label()));
-                // Redis may be down: do not spin.
-                tokio::time::sleep(Duration::from_millis(rng.u64(5..50))).await;
+                run.acquire_failed(op.label(), &e).await;
                 continue;
             }
         };
@@ -513,14 +565,16 @@ async fn task(ctx: Arc<Ctx>, client: Client, proxied: bool, task: usize, seed: u
                 run.nested(&lock, outer, op, hold, wait_ns, &mut rng).await
             }
             _ => {
-                run.section(
-                    hold,
-                    wait_ns,
-                    op.label(),
-                    told_ago(outer.lost(), || outer.lost_at()),
-                )
-                .await;
-                run.release(outer).await;
+                let at = run
+                    .section(
+                        hold,
+                        wait_ns,
+                        op.label(),
+                        &field_of(&outer),
+                        told_ago(outer.lost(), || outer.lost_at()),
+                    )
+                    .await;
+                run.release(outer, &[at]).await;
             }
         }
     }
@@ -560,14 +614,16 @@ impl Run<'_> {
         let inner = match inner {
             Ok(inner) => inner,
             Err(e) => {
+                self.refused(&e);
                 self.ctx
                     .counters
                     .add(format!("re-enter error: {}", error_kind(&e)), 1);
                 self.log(&format!("re-entering ({}) failed: {e}", op.label()));
-                self.release(outer).await;
+                self.release(outer, &[]).await;
                 return;
             }
         };
+        let owner = field_of(&outer);
         // Valid while either guard says so: the holder may rely on either.
         // Told once both are lost: at the later of their instants.
         let both_lost = async {
@@ -577,27 +633,200 @@ impl Run<'_> {
             );
             inner_ago.min(outer_ago)
         };
-        self.section(hold, wait_ns, op.label(), both_lost).await;
-        self.release(inner).await;
+        let both = self
+            .section(hold, wait_ns, op.label(), &owner, both_lost)
+            .await;
+        self.release(inner, &[both]).await;
+        let mut under_outer = vec![both];
         if rng.bool() {
             let hold = pick_hold(rng);
             let label = format!("{}+outer", op.label());
-            self.section(hold, 0, &label, told_ago(outer.lost(), || outer.lost_at()))
-                .await;
+            let told = told_ago(outer.lost(), || outer.lost_at());
+            under_outer.push(self.section(hold, 0, &label, &owner, told).await);
         }
-        self.release(outer).await;
+        self.release(outer, &under_outer).await;
+    }
+
+    /// An acquire failed: counted (a refusal as not replicated noted with its instant),
+    /// logged, and a short pause (Redis may be down: do not spin).
+    async fn acquire_failed(&self, label: &str, e: &Error) {
+        self.refused(e);
+        self.ctx
+            .counters
+            .add(format!("acquire error: {}", error_kind(e)), 1);
+        self.log(&format!("{label} failed: {e}"));
+        tokio::time::sleep(Duration::from_millis(fastrand::u64(5..50))).await;
+    }
+
+    /// Notes when a call refused as not replicated returned.
+    fn refused(&self, e: &Error) {
+        if matches!(e, Error::NotReplicated { .. }) {
+            self.ctx.refusals.lock().push(mono_ns());
+        }
+    }
+
+    /// After a hold is released — and maybe handed on in memory to another task of this
+    /// process — what still names it may only ever get a hold of its own (invariant 16,
+    /// docs/DESIGN.md): a future first polled inside the hold's scope and finished outside
+    /// it (`Escaped`) or inside another hold's scope (`Reparented`), or the hold's owner read
+    /// from its guard and named with `with_owner` (`WithOwner`). Whatever they get is a
+    /// section of its own in the history, so re-entering another holder's hold is an overlap.
+    async fn identity_path(&self, lock: &Lock, op: Op, hold: Duration) {
+        let started = Instant::now();
+        let guard = match lock.lock().await {
+            Ok(guard) => guard,
+            Err(e) => return self.acquire_failed(op.label(), &e).await,
+        };
+        let wait_ns = started.elapsed().as_nanos() as u64;
+        self.ctx
+            .counters
+            .add(format!("acquired: {}", op.label()), 1);
+        let label = op.label();
+        if let Op::WithOwner = op {
+            let owner = guard.owner();
+            let told = told_ago(guard.lost(), || guard.lost_at());
+            let at = self
+                .section(hold, wait_ns, label, &field_of(&guard), told)
+                .await;
+            self.release(guard, &[at]).await;
+            let again = lock.with_owner(owner).try_lock().await;
+            return self.again(label, again).await;
+        }
+        // Another hold of this task's own (an uncontended side name), whose `run` future is
+        // first polled inside `guard`'s scope and carried out of it.
+        let side_name = format!("soak:side:{}:{}", self.ctx.id, self.task);
+        let side = match self.client.lock(&side_name).lock().await {
+            Ok(side) => Arc::new(side),
+            Err(e) => {
+                let at = self
+                    .section(
+                        hold,
+                        wait_ns,
+                        label,
+                        &field_of(&guard),
+                        told_ago(guard.lost(), || guard.lost_at()),
+                    )
+                    .await;
+                self.release(guard, &[at]).await;
+                return self
+                    .acquire_failed(&format!("{label} (side hold)"), &e)
+                    .await;
+            }
+        };
+        let (go, went) = tokio::sync::oneshot::channel::<()>();
+        let carried = {
+            let (side, lock) = (side.clone(), lock.clone());
+            guard.run(move || async move {
+                let mut carried = Box::pin(async move {
+                    side.run(|| async {
+                        let _ = went.await;
+                        lock.try_lock().await
+                    })
+                    .await
+                });
+                let first = std::future::poll_fn(|cx| {
+                    std::task::Poll::Ready(std::future::Future::poll(carried.as_mut(), cx))
+                })
+                .await;
+                first.is_pending().then_some(carried)
+            })
+        }
+        .await;
+        let told = told_ago(guard.lost(), || guard.lost_at());
+        let at = self
+            .section(hold, wait_ns, label, &field_of(&guard), told)
+            .await;
+        self.release(guard, &[at]).await;
+        let _ = go.send(());
+        let Ok(Some(carried)) = carried else {
+            // The hold or the side hold was lost before the future could be carried out.
+            self.ctx
+                .counters
+                .add(format!("{label}: not carried out"), 1);
+            return self.release_side(side, &[]).await;
+        };
+        let again = if let Op::Escaped = op {
+            // Polled outside every scope.
+            carried.await
+        } else {
+            // Re-parented: polled inside another hold's scope, by a set in a `select!` loop.
+            match self.client.lock(format!("{side_name}:2")).lock().await {
+                Ok(other) => {
+                    let mut set = futures::stream::FuturesUnordered::new();
+                    set.push(carried);
+                    let polled = other
+                        .run(|| async {
+                            use futures::StreamExt;
+                            loop {
+                                tokio::select! {
+                                    Some(done) = set.next() => break done,
+                                    _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+                                }
+                            }
+                        })
+                        .await;
+                    self.release(other, &[]).await;
+                    match polled {
+                        Ok(again) => again,
+                        Err(e) => Err(e),
+                    }
+                }
+                Err(e) => {
+                    drop(carried);
+                    Err(e)
+                }
+            }
+        };
+        let again = again.and_then(|again| again);
+        self.again(label, again).await;
+        self.release_side(side, &[]).await;
+    }
+
+    /// What a stale identity's acquire got: a hold of its own runs a section (recorded like
+    /// any other, so the checker sees it overlap another holder's if it was not its own).
+    async fn again(&self, label: &str, again: redbaton::Result<Option<LockGuard>>) {
+        match again {
+            Ok(Some(again)) => {
+                self.ctx
+                    .counters
+                    .add(format!("{label}: a hold of its own"), 1);
+                let told = told_ago(again.lost(), || again.lost_at());
+                let hold = pick_hold(&mut fastrand::Rng::new());
+                let at = self
+                    .section(hold, 0, &format!("{label}:again"), &field_of(&again), told)
+                    .await;
+                self.release(again, &[at]).await;
+            }
+            Ok(None) => self.ctx.counters.add(format!("{label}: refused"), 1),
+            Err(e) => {
+                self.refused(&e);
+                self.ctx
+                    .counters
+                    .add(format!("{label}: error {}", error_kind(&e)), 1);
+            }
+        }
+    }
+
+    /// Releases a side hold kept in an `Arc` (the carried future has gone).
+    async fn release_side(&self, side: Arc<LockGuard>, sections: &[usize]) {
+        match Arc::into_inner(side) {
+            Some(side) => self.release(side, sections).await,
+            None => self.ctx.counters.add("side hold still shared", 1),
+        }
     }
 
     /// The critical section, timed against `lost` (the holder's lost-lease signal): fence
     /// (INCR), read the counter, sleep `hold`, write it back through the compare-and-set;
     /// record it all.
+    /// Returns where the record is in the history (see [`Run::release`]).
     async fn section(
         &self,
         hold: Duration,
         wait_ns: u64,
         op: &str,
+        owner: &str,
         lost: impl std::future::Future<Output = Duration>,
-    ) {
+    ) -> usize {
         let clock = || Duration::from_nanos(mono_ns());
         let ((fence, write, newest, start_ns, end_ns), lost_at) =
             watch_lost(self.fenced_write(hold), lost, clock).await;
@@ -605,7 +834,8 @@ impl Run<'_> {
         if lost_ns.is_none() {
             self.ctx.valid_sections.fetch_add(1, Ordering::Relaxed);
         }
-        self.ctx.history.lock().push(Record {
+        let mut history = self.ctx.history.lock();
+        history.push(Record {
             name: self.name,
             start_ns,
             end_ns,
@@ -618,7 +848,10 @@ impl Run<'_> {
             proxied: self.proxied,
             worker: self.ctx.id,
             task: self.task,
+            owner: owner.to_owned(),
+            gone: false,
         });
+        history.len() - 1
     }
 
     /// Fence (INCR), read the counter, sleep `hold`, write it back through the
@@ -738,20 +971,27 @@ impl Run<'_> {
             .add(format!("section {what} error: {kind}"), 1);
     }
 
-    async fn release(&self, guard: LockGuard) {
+    /// Releases `guard`; the `sections` run under it are marked `gone` when the release
+    /// found the hold gone before its holder was told (a force-unlock struck it).
+    async fn release(&self, guard: LockGuard, sections: &[usize]) {
         let lost = guard.is_lost();
-        self.settle_release(lost, guard.unlock().await);
+        self.settle_release(lost, guard.unlock().await, sections);
     }
 
     /// Counts how a release of a hold (`lost`: known lost before it) ended.
-    fn settle_release(&self, lost: bool, outcome: redbaton::Result<()>) {
+    fn settle_release(&self, lost: bool, outcome: redbaton::Result<()>, sections: &[usize]) {
         match outcome {
             Ok(()) => {}
             Err(Error::NotHeld { .. }) if lost => self.ctx.counters.add("unlock: lost", 1),
-            Err(Error::NotHeld { .. }) => self
-                .ctx
-                .counters
-                .add("unlock: found the lock gone (not yet known lost)", 1),
+            Err(Error::NotHeld { .. }) => {
+                let mut history = self.ctx.history.lock();
+                for &at in sections {
+                    history[at].gone = true;
+                }
+                self.ctx
+                    .counters
+                    .add("unlock: found the lock gone (not yet known lost)", 1)
+            }
             Err(e) => {
                 self.ctx
                     .counters
@@ -766,7 +1006,7 @@ impl Run<'_> {
     async fn other_kind(&self, kind: NameKind, op: Op, hold: Duration, rng: &mut fastrand::Rng) {
         let name = self.ctx.names[self.name];
         let op = match op {
-            Op::ReWw | Op::ReWf => Op::Lock,
+            Op::ReWw | Op::ReWf | Op::Escaped | Op::Reparented | Op::WithOwner => Op::Lock,
             Op::ReFw | Op::ReFf => Op::Leased,
             op => op,
         };
@@ -795,18 +1035,13 @@ impl Run<'_> {
                         let wait_ns = started.elapsed().as_nanos() as u64;
                         self.ctx.counters.add(format!("acquired: {label}"), 1);
                         let lost = told_ago(held.lost(), || held.lost_at());
-                        self.section(hold, wait_ns, &label, lost).await;
+                        let owner = field_of(&held);
+                        let at = self.section(hold, wait_ns, &label, &owner, lost).await;
                         let was_lost = held.is_lost();
-                        self.settle_release(was_lost, held.$release().await);
+                        self.settle_release(was_lost, held.$release().await, &[at]);
                     }
                     Ok(None) => self.ctx.counters.add("try missed", 1),
-                    Err(e) => {
-                        self.ctx
-                            .counters
-                            .add(format!("acquire error: {}", error_kind(&e)), 1);
-                        self.log(&format!("{label} failed: {e}"));
-                        tokio::time::sleep(Duration::from_millis(rng.u64(5..50))).await;
-                    }
+                    Err(e) => self.acquire_failed(&label, &e).await,
                 }
             };
         }
@@ -828,4 +1063,111 @@ impl Run<'_> {
             NameKind::Lock => unreachable!("a Lock's round is the task's own"),
         }
     }
+}
+
+/// The owner field of a guard's hold, read from its `Debug` form (`-` when it shows none):
+/// reading `owner()` would give the owner out, and the hold would then never be handed on in
+/// memory (invariant 16, docs/DESIGN.md).
+fn field_of(guard: &impl std::fmt::Debug) -> String {
+    let shown = format!("{guard:?}");
+    shown
+        .split("owner: \"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .filter(|field| !field.is_empty() && !field.contains(' '))
+        .unwrap_or("-")
+        .to_owned()
+}
+
+/// A force-unlock by the operator, `name sent_ns replied_ns` in `forced-<id>`: it struck the
+/// name's hold at some instant between its send and its reply.
+pub struct Forced {
+    pub name: usize,
+    pub sent_ns: u64,
+    pub replied_ns: u64,
+}
+
+impl std::fmt::Display for Forced {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {} {}", self.name, self.sent_ns, self.replied_ns)
+    }
+}
+
+impl std::str::FromStr for Forced {
+    type Err = String;
+
+    fn from_str(line: &str) -> Result<Self, Self::Err> {
+        let bad = || format!("bad force-unlock line {line:?}");
+        let f: Vec<u64> = line
+            .split(' ')
+            .map(|n| n.parse().map_err(|_| bad()))
+            .collect::<Result<_, _>>()?;
+        match f[..] {
+            [name, sent_ns, replied_ns] => Ok(Forced {
+                name: name as usize,
+                sent_ns,
+                replied_ns,
+            }),
+            _ => Err(bad()),
+        }
+    }
+}
+
+/// The operator, until the worker stops: about every `operator_every_ms`, force-unlocks a
+/// `Lock` name (breaking whatever hold — or run of hand-offs in memory — it struck), then
+/// takes it itself for a section of its own, which every other holder must exclude.
+async fn operate(ctx: &Ctx, client: &Client, args: &WorkerArgs) -> Vec<Forced> {
+    let mut rng = fastrand::Rng::with_seed(args.seed ^ 0x0FE2_A702);
+    let locks: Vec<usize> = (0..ctx.names.len())
+        .filter(|&n| kind_of(ctx.mixed, n) == NameKind::Lock)
+        .collect();
+    let mut forced = Vec::new();
+    let every = args.operator_every_ms;
+    while !ctx.stop.load(Ordering::Acquire) && !locks.is_empty() {
+        tokio::time::sleep(Duration::from_millis(rng.u64(every / 2..=every * 3 / 2))).await;
+        let name = locks[rng.usize(0..locks.len())];
+        let lock = client.lock(ctx.names[name]);
+        let sent_ns = mono_ns();
+        match lock.force_unlock().await {
+            Ok(true) => forced.push(Forced {
+                name,
+                sent_ns,
+                replied_ns: mono_ns(),
+            }),
+            Ok(false) => ctx.counters.add("operator: force-unlock found it free", 1),
+            Err(e) => {
+                // It may have run: counted as a force all the same, for the checker.
+                forced.push(Forced {
+                    name,
+                    sent_ns,
+                    replied_ns: mono_ns(),
+                });
+                ctx.counters.add(
+                    format!("operator: force-unlock error {}", error_kind(&e)),
+                    1,
+                );
+            }
+        }
+        let run = Run {
+            ctx,
+            client,
+            name,
+            proxied: false,
+            task: usize::MAX,
+        };
+        match lock.try_lock_for(Duration::from_millis(500)).await {
+            Ok(Some(guard)) => {
+                ctx.counters.add("acquired: operator", 1);
+                let hold = Duration::from_millis(rng.u64(0..20));
+                let told = told_ago(guard.lost(), || guard.lost_at());
+                let at = run
+                    .section(hold, 0, "operator", &field_of(&guard), told)
+                    .await;
+                run.release(guard, &[at]).await;
+            }
+            Ok(None) => ctx.counters.add("try missed", 1),
+            Err(e) => run.acquire_failed("operator", &e).await,
+        }
+    }
+    forced
 }
