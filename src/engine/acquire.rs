@@ -17,7 +17,7 @@ use futures::TryFutureExt;
 use tokio::time::Instant;
 
 use crate::conn::Failed;
-use crate::engine::baton::{Baton, LocalTurn};
+use crate::engine::baton::{Baton, InFlight, LocalTurn};
 use crate::engine::call::{bounded, Finish};
 use crate::engine::client_inner::ClientInner;
 use crate::engine::guard::Guard;
@@ -171,13 +171,7 @@ impl<K: Kind> Attempts for LockAttempts<K> {
                 LocalTurn::Ask(marker) => in_flight = marker,
             }
         }
-        let round_trip = attempt(self.kind.clone(), field, self.lease, self.waits);
-        // The marker lives as long as the round trip, finished in the background or not.
-        let round_trip = async move {
-            let tried = round_trip.await;
-            drop(in_flight);
-            tried
-        };
+        let round_trip = attempt(self.kind.clone(), field, self.lease, self.waits, in_flight);
         Either::Right(Finish::new(round_trip, &named.client.conn))
     }
 
@@ -235,12 +229,15 @@ impl<K: Kind> Attempts for LockAttempts<K> {
     }
 }
 
-/// One acquire round trip under the owner's turn.
+/// One acquire round trip under the owner's turn. `_in_flight`, this client's marker of a new
+/// owner's acquire in Redis, if it is one, lives as long as the round trip, finished in the
+/// background or not.
 async fn attempt<K: Kind>(
     kind: K,
     field: Arc<str>,
     lease: Lease,
     waits: bool,
+    _in_flight: Option<InFlight>,
 ) -> Result<Try<Guard<K>>> {
     let named = kind.named();
     let client = &named.client;
