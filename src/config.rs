@@ -14,7 +14,7 @@ pub const DEFAULT_FAIR_LOCK_WAIT: Duration = Duration::from_secs(300);
 
 /// How many baton passes in a row a lock makes by default before an ordinary release (see
 /// [`Config::baton_passes`]).
-pub const DEFAULT_BATON_PASSES: u32 = 16;
+pub const DEFAULT_BATON_PASSES: u32 = 64;
 
 /// How often, by default, the watchdog asks Redis whether each hold is still there between
 /// renewals (see [`Config::lease_check_interval`]).
@@ -190,7 +190,7 @@ pub struct Config {
     /// it back). After that many, the release is an ordinary one with an unlock message, so
     /// waiters elsewhere get their chance. A hand-off happens only while no other client is
     /// subscribed to the lock's channel; once one was found, the next few releases of that
-    /// lock are ordinary ones (default 16; `0` turns it off).
+    /// lock are ordinary ones (default 64; `0` turns it off).
     ///
     /// Where the hold allows, the hand-off is made in memory instead, with no round trip: the
     /// waiting task is handed the hold itself (the same owner field and lease, which Redis
@@ -433,7 +433,7 @@ impl Builder {
         self
     }
 
-    /// How many baton passes in a row a lock may make before an ordinary release (default 16;
+    /// How many baton passes in a row a lock may make before an ordinary release (default 64;
     /// `0` turns them off; see [`Config::baton_passes`]).
     pub fn baton_passes(mut self, passes: u32) -> Self {
         self.config.baton_passes = passes;

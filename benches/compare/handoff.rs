@@ -10,7 +10,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::watch;
 
 use crate::contenders::{Ctx, Kind};
-use crate::counters::{commands_per_acq, sample_pubsub};
+use crate::counters::{commands_per_acq, network_breakdown, sample_pubsub};
 use crate::harness::{env_or, now_ns, sleep_until_ns, Opts};
 use crate::stats::{analyse, ContendedResult};
 use crate::support::{command_calls, RedisServer};
@@ -152,6 +152,11 @@ pub(crate) async fn contended_in_process(
     let conns = sampler.await.expect("sampler");
     let acquired = events.iter().filter(|e| e.acq != 0).count();
     let cmds = commands_per_acq(kind, &before, &after, acquired);
+    eprintln!(
+        "{tag}, {tasks} tasks, {}: network commands per acquisition: {}",
+        kind.name(),
+        network_breakdown(kind, &before, &after, acquired)
+    );
     if let Ok(ctx) = Arc::try_unwrap(ctx) {
         ctx.shutdown().await;
     }

@@ -4,10 +4,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use fred::interfaces::ClientLike;
-
 use crate::contenders::{Ctx, Kind};
 use crate::counters::commands_per_acq;
+use crate::fred_client::server_cpu_us;
 use crate::harness::{now_ns, sleep_until_ns, Opts};
 use crate::support::{command_calls, RedisServer};
 
@@ -73,21 +72,6 @@ fn process_cpu_us() -> f64 {
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
     let us = |t: libc::timeval| t.tv_sec as f64 * 1e6 + t.tv_usec as f64;
     us(usage.ru_utime) + us(usage.ru_stime)
-}
-
-/// CPU time redis-server has used so far (`INFO cpu`: used_cpu_user + used_cpu_sys), in µs.
-async fn server_cpu_us(raw: &fred::clients::Client) -> f64 {
-    let info: String = raw
-        .info(Some(fred::types::InfoKind::Cpu))
-        .await
-        .expect("INFO cpu");
-    info.lines()
-        .filter_map(|line| match line.trim().split_once(':')? {
-            ("used_cpu_user" | "used_cpu_sys", value) => value.parse::<f64>().ok(),
-            _ => None,
-        })
-        .sum::<f64>()
-        * 1e6
 }
 
 fn ctx_tag(ctx: &Ctx) -> &'static str {

@@ -17,7 +17,7 @@ use futures::TryFutureExt;
 use tokio::time::Instant;
 
 use crate::conn::Failed;
-use crate::engine::baton::Baton;
+use crate::engine::baton::{Baton, InFlight, LocalTurn};
 use crate::engine::call::{bounded, Finish};
 use crate::engine::client_inner::ClientInner;
 use crate::engine::guard::Guard;
@@ -147,23 +147,31 @@ impl<K: Kind> Attempts for LockAttempts<K> {
     fn attempt(&mut self) -> impl Future<Output = Result<Try<Guard<K>>>> + Send {
         let named = self.kind.named();
         let field = self.field();
+        let mut in_flight = None;
         if K::PASSES && self.baton().is_some() {
             let (channel, _) = self.kind.channel(&field);
             let held_recheck = Duration::from_millis(HELD_HERE_RECHECK_MS);
-            let refusal =
-                named
-                    .client
-                    .hub
-                    .refusal(&channel, &named.key, &field, held_recheck, self.fresh);
-            if let Some(park) = refusal {
-                // A hold of this client handed on in memory has the lock (Redis would refuse:
-                // parked briefly, so a hold lost unnoticed is asked about in Redis soon), or
-                // the lock is left to another client's waiter for now.
-                let refused = Ok(Try::Busy(park.as_millis().max(1) as u64));
-                return Either::Left(std::future::ready(refused));
+            let hub = &named.client.hub;
+            match hub.local_turn(
+                &channel,
+                &named.key,
+                &field,
+                self.task,
+                held_recheck,
+                self.fresh,
+            ) {
+                LocalTurn::Refused(park) => {
+                    // A hold of this client has the lock, or another new owner's acquire of
+                    // this client is in Redis now (Redis would refuse, or that one goes first:
+                    // parked briefly, so a hold lost unnoticed is asked about in Redis soon),
+                    // or the lock is left to another client's waiter for now.
+                    let refused = Ok(Try::Busy(park.as_millis().max(1) as u64));
+                    return Either::Left(std::future::ready(refused));
+                }
+                LocalTurn::Ask(marker) => in_flight = marker,
             }
         }
-        let round_trip = attempt(self.kind.clone(), field, self.lease, self.waits);
+        let round_trip = attempt(self.kind.clone(), field, self.lease, self.waits, in_flight);
         Either::Right(Finish::new(round_trip, &named.client.conn))
     }
 
@@ -221,12 +229,15 @@ impl<K: Kind> Attempts for LockAttempts<K> {
     }
 }
 
-/// One acquire round trip under the owner's turn.
+/// One acquire round trip under the owner's turn. `_in_flight`, this client's marker of a new
+/// owner's acquire in Redis, if it is one, lives as long as the round trip, finished in the
+/// background or not.
 async fn attempt<K: Kind>(
     kind: K,
     field: Arc<str>,
     lease: Lease,
     waits: bool,
+    _in_flight: Option<InFlight>,
 ) -> Result<Try<Guard<K>>> {
     let named = kind.named();
     let client = &named.client;

@@ -69,6 +69,12 @@
 //! refuse it too: otherwise each hand-off would still cost that round trip. Such a waiter
 //! looks again within 100 ms at most (`HELD_HERE_RECHECK_MS`), so a hold lost
 //! unnoticed is soon asked about in Redis.
+//!
+//! Likewise, while a new owner's acquire of this client is in Redis, another new owner's
+//! acquire of the key is refused in memory and queues ([`Queue::local_turn`]): tasks of one
+//! client no longer race each other through Redis after an ordinary release (each refused
+//! there would have cost a round trip, and a waiter busy with one cannot be handed the lock,
+//! so the next release would be an ordinary one again).
 
 use std::any::Any;
 use std::future::poll_fn;
@@ -132,6 +138,36 @@ pub(crate) struct Queue {
     /// Until when this client's tasks leave the lock to another client's waiter (see
     /// [`YIELD_TO_OTHERS`]).
     yield_until: Mutex<Option<Instant>>,
+    /// The owner number of a new owner's acquire of this client in Redis now under way, if
+    /// any: another new owner of this client queues behind it in memory instead of racing it
+    /// through Redis (see [`Queue::local_turn`]).
+    attempting: Mutex<Option<u64>>,
+}
+
+/// What a new owner's acquire is to do, by what this client knows of the key (see
+/// [`Queue::local_turn`]).
+pub(crate) enum LocalTurn {
+    /// Refused without asking Redis; its waiter parks at most this long before it looks again.
+    Refused(Duration),
+    /// Ask Redis. While the marker (if any) lives, other new owners of this client queue
+    /// behind this attempt in memory.
+    Ask(Option<InFlight>),
+}
+
+/// A new owner's acquire of this client in Redis, under way: dropped when its round trip
+/// ends (or the future carrying it is dropped), which lets the next new owner ask.
+pub(crate) struct InFlight {
+    queue: Arc<Queue>,
+    task: u64,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut attempting = self.queue.attempting.lock();
+        if *attempting == Some(self.task) {
+            *attempting = None;
+        }
+    }
 }
 
 impl Queue {
@@ -176,12 +212,7 @@ impl Queue {
     /// handed on in memory (Redis would refuse it too), or it leaves the lock to another
     /// client's waiter for now (see [`YIELD_TO_OTHERS`]) and the acquire is a `fresh` owner's
     /// (a re-entry of a hold is never held back).
-    pub(crate) fn refusal(
-        &self,
-        field: &str,
-        held_recheck: Duration,
-        fresh: bool,
-    ) -> Option<Duration> {
+    fn refusal(&self, field: &str, held_recheck: Duration, fresh: bool) -> Option<Duration> {
         let held = {
             let held = self.held.lock();
             held.as_ref()
@@ -196,6 +227,39 @@ impl Queue {
         let until = (*self.yield_until.lock())?;
         let left = until.saturating_duration_since(Instant::now());
         (!left.is_zero()).then_some(left)
+    }
+
+    /// What a new owner's acquire of this client (owner number `task`, field `field`; a
+    /// re-entry when not `fresh`) is to do: refused in memory, as [`refusal`](Queue::refusal)
+    /// says, or — for a new owner while another new owner's acquire of this client is in
+    /// Redis now — refused too, to look again once that one is served: the waiters of one
+    /// client race each other through Redis no more (each round trip a refused waiter makes
+    /// there is one a local hand-off later saves, and a waiter busy with one cannot be handed
+    /// the lock). Otherwise it asks Redis, marked as the client's acquire under way.
+    pub(crate) fn local_turn(
+        self: &Arc<Self>,
+        field: &str,
+        task: u64,
+        held_recheck: Duration,
+        fresh: bool,
+    ) -> LocalTurn {
+        if let Some(park) = self.refusal(field, held_recheck, fresh) {
+            return LocalTurn::Refused(park);
+        }
+        if !fresh {
+            return LocalTurn::Ask(None);
+        }
+        let mut attempting = self.attempting.lock();
+        match *attempting {
+            Some(other) if other != task => LocalTurn::Refused(held_recheck),
+            _ => {
+                *attempting = Some(task);
+                LocalTurn::Ask(Some(InFlight {
+                    queue: self.clone(),
+                    task,
+                }))
+            }
+        }
     }
 
     /// An unlock message came on the channel. Returns this client's hold of the key, if it is

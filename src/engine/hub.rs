@@ -33,7 +33,7 @@ use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 
 use crate::conn::Subscriber;
-use crate::engine::baton::{Claim, Queue};
+use crate::engine::baton::{Claim, LocalTurn, Queue};
 use crate::engine::holds::{Entry, Holds};
 mod channel;
 mod tasks;
@@ -298,17 +298,22 @@ impl Hub {
         self.batons(name, key).map_or(0, |batons| batons.parked())
     }
 
-    /// Whether an acquire of `key` (its waiters on channel `name`) by `field` is refused
-    /// without asking Redis, and for how long its waiter parks (see [`Queue::refusal`]).
-    pub(crate) fn refusal(
+    /// Whether an acquire of `key` (its waiters on channel `name`) by `field` (owner number
+    /// `task`) is refused without asking Redis, and for how long its waiter parks then, or
+    /// asks Redis (see [`Queue::local_turn`]).
+    pub(crate) fn local_turn(
         &self,
         name: &str,
         key: &str,
         field: &str,
+        task: u64,
         held_recheck: Duration,
         fresh: bool,
-    ) -> Option<Duration> {
-        self.batons(name, key)?.refusal(field, held_recheck, fresh)
+    ) -> LocalTurn {
+        match self.batons(name, key) {
+            Some(batons) => batons.local_turn(field, task, held_recheck, fresh),
+            None => LocalTurn::Ask(None),
+        }
     }
 
     #[cfg(any(test, feature = "test-hooks"))]
