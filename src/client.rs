@@ -416,7 +416,9 @@ impl Client {
     /// topology), TLS, connect timeout, reconnection — but has **no command timeout**: a
     /// `BLPOP` of 7 s lasts 7 s and returns nil, as from any fred client. Bound a call
     /// yourself where you need to (`tokio::time::timeout`, or fred's `with_options` with
-    /// `Options { timeout, .. }`). Like the library's connection it never re-sends a command
+    /// `Options { timeout, .. }`). It connects on first use, and a command waits for that
+    /// connection through every reconnection (a server that now refuses its credentials keeps
+    /// it waiting): unbounded but for your own bound. Like the library's connection it never re-sends a command
     /// whose reply was lost, and on a cluster follows no redirection (a command that meets
     /// `MOVED` fails, and the next goes to the slot's new owner).
     ///
