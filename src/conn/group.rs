@@ -74,10 +74,8 @@ pub(crate) struct Groups {
     /// Where the groups' tasks run (a caller may stop waiting outside any runtime context).
     runtime: tokio::runtime::Handle,
     /// A node (`None`: the one node of a client that is not clustered) has an entry exactly
-    /// while a group of it is in flight: the scripts issued meanwhile, its next group. Hashed
-    /// with foldhash: every script call looks its node up here two or three times (std's
-    /// SipHash cost about 600 instructions per uncontended lock+unlock, callgrind).
-    queues: Mutex<HashMap<Option<Server>, Vec<Member>, foldhash::fast::RandomState>>,
+    /// while a group of it is in flight: the scripts issued meanwhile, its next group.
+    queues: Mutex<Queues>,
     /// The script that runs several members in one call.
     composite: &'static Composite,
 }
@@ -93,7 +91,7 @@ impl Groups {
         Arc::new(Groups {
             redis,
             runtime,
-            queues: Mutex::new(HashMap::default()),
+            queues: Mutex::new(Queues::default()),
             composite,
         })
     }
@@ -195,7 +193,7 @@ impl Groups {
     /// or frees the node when there are none.
     fn hand_over(self: &Arc<Self>, node: Option<Server>) {
         let mut queues = self.queues.lock();
-        if queues.get(&node).is_some_and(Vec::is_empty) {
+        if queues.get_mut(&node).is_some_and(|next| next.is_empty()) {
             queues.remove(&node);
         } else {
             drop(queues);
@@ -464,6 +462,44 @@ fn unbounded() -> Options {
     Options {
         timeout: Some(Duration::ZERO),
         ..Options::default()
+    }
+}
+
+/// The next group of each node with a group in flight. Every script call looks its node up
+/// here two or three times: the one node of a client that is not clustered is a field of its
+/// own, with no hashing and no table entry made and removed per call; a cluster's nodes are
+/// hashed with foldhash (std's SipHash cost about 600 instructions per uncontended
+/// lock+unlock, callgrind).
+#[derive(Default)]
+struct Queues {
+    single: Option<Vec<Member>>,
+    nodes: HashMap<Server, Vec<Member>, foldhash::fast::RandomState>,
+}
+
+impl Queues {
+    fn get_mut(&mut self, node: &Option<Server>) -> Option<&mut Vec<Member>> {
+        match node {
+            None => self.single.as_mut(),
+            Some(server) => self.nodes.get_mut(server),
+        }
+    }
+
+    fn insert(&mut self, node: Option<Server>, next: Vec<Member>) {
+        match node {
+            None => self.single = Some(next),
+            Some(server) => {
+                self.nodes.insert(server, next);
+            }
+        }
+    }
+
+    fn remove(&mut self, node: &Option<Server>) {
+        match node {
+            None => self.single = None,
+            Some(server) => {
+                self.nodes.remove(server);
+            }
+        }
     }
 }
 
