@@ -1,14 +1,11 @@
-//! The lock family's conformance suite (tests/support/family/): every invariant of
+//! The lock family's conformance suite (testkit/src/family/): every invariant of
 //! docs/DESIGN.md that all lock kinds share, one test each, run against every kind. What is
 //! special to a kind is tested in its own file (tests/lock/, tests/fenced.rs, ...).
 //!
-//! Adding a kind: describe it in the catalog at the end of tests/support/family/mod.rs, then
+//! Adding a kind: describe it in the catalog at the end of testkit/src/family/mod.rs, then
 //! add its line here.
 
-mod support;
-
-#[path = "support/family/mod.rs"]
-mod family;
+use testkit::family;
 
 use family::conformance;
 

@@ -73,17 +73,13 @@ use clap::{Parser, Subcommand};
 
 mod failover;
 mod faults;
-#[path = "../../tests/support/history.rs"]
-mod history;
-#[path = "../../tests/support/java_peer.rs"]
-mod java_peer;
+use testkit::history;
+use testkit::java_peer;
 mod parent;
-#[path = "../../tests/support/proxy.rs"]
-mod proxy;
+use testkit::proxy;
 mod record;
 mod server;
-#[path = "../../tests/support/servers.rs"]
-mod servers;
+use testkit::servers;
 mod verdict;
 mod worker;
 

@@ -5,8 +5,7 @@
 //! under load, the slot-map-sync race in fred 10.1 that does run one twice, and the baton pass
 //! on every primary (classic and sharded pub/sub).
 
-#[path = "../support/mod.rs"]
-mod support;
+use testkit as support;
 
 mod failover;
 mod migration;

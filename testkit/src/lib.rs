@@ -1,4 +1,9 @@
-//! Test support: real `redis-server` processes on free loopback ports, stopped on drop.
+//! redbaton's test kit, shared by the test crates (`use testkit as support;`), the examples,
+//! the soak and the benches: real `redis-server` processes on free loopback ports, stopped on
+//! drop (single nodes here; [`sentinel`], [`cluster`], [`tls`] certificates), the fault
+//! [`proxy`], the mutual-exclusion [`history`] checker, the Redisson peers ([`java_peer`], the
+//! real Java Redisson; [`redisson_peer`], a Lua stand-in), the lock [`family`]'s suite, and
+//! which server binary runs ([`servers`], chosen by `REDBATON_TEST_SERVER`, skips logged).
 #![allow(dead_code)]
 
 use std::net::TcpListener;
@@ -511,14 +516,19 @@ pub async fn still_held(
     held
 }
 
+pub mod captured;
 pub mod child;
 pub mod cluster;
+pub mod family;
+pub mod history;
 pub mod java_peer;
 pub mod monitor;
 pub mod passing;
 pub mod proxy;
+pub mod redisson_peer;
 pub mod sentinel;
 pub mod servers;
+pub mod tls;
 
 /// Runs a raw command (`CLIENT PAUSE`, `SCRIPT FLUSH`, ...) and returns its reply.
 pub async fn command(raw: &fred::clients::Client, name: &'static str, args: Vec<String>) -> Value {
