@@ -73,40 +73,12 @@ pub fn fresh_dir(prefix: &str) -> PathBuf {
     std::env::temp_dir().join(format!("{prefix}-{}-{n}", std::process::id()))
 }
 
-/// Whether the server answering on `port` is the process `pid` (a sentinel, which logs no
-/// "ready" line). A connection alone proves nothing: a port `free_port` released can be taken
-/// by another test's server before this one binds it, and then this one exits while the other
-/// answers in its place.
-pub fn served_by(port: u16, pid: u32) -> bool {
-    use std::io::{Read, Write};
-    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
-        return false;
-    };
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
-    if stream.write_all(b"INFO server\r\n").is_err() {
-        return false;
-    }
-    // One bulk reply (`$<len>\r\n<text>\r\n`), or an error line.
-    let mut reply = Vec::new();
-    let mut chunk = [0u8; 4096];
-    loop {
-        match stream.read(&mut chunk) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => reply.extend_from_slice(&chunk[..n]),
-        }
-        let Some(header) = reply.windows(2).position(|w| w == b"\r\n") else {
-            continue;
-        };
-        let len: Option<usize> = std::str::from_utf8(&reply[1..header])
-            .ok()
-            .and_then(|l| l.parse().ok());
-        match (reply[0], len) {
-            (b'$', Some(len)) if reply.len() < header + 2 + len => continue,
-            _ => break,
-        }
-    }
-    String::from_utf8_lossy(&reply).contains(&format!("\r\nprocess_id:{pid}\r\n"))
-}
+// When a server this process started is ready (its pid in `INFO server`, and `PING` answered):
+// one rule for the kit, the CLI's demo server, the examples and the soak. Its home is the CLI,
+// which is published and must carry it; the kit mounts the same file.
+#[path = "../../cli/src/ready.rs"]
+mod ready;
+pub use ready::served_by;
 
 impl RedisServer {
     /// Starts a server with persistence off.
