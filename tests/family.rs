@@ -1,6 +1,6 @@
 //! The lock family's conformance suite (testkit/src/family/): every invariant of
 //! docs/DESIGN.md that all lock kinds share, one test each, run against every kind. What is
-//! special to a kind is tested in its own file (tests/lock/, tests/fenced.rs, ...).
+//! special to a kind is tested in its own file (tests/lock/, tests/api/fenced.rs, ...).
 //!
 //! Adding a kind: describe it in the catalog at the end of testkit/src/family/mod.rs, then
 //! add its line here.
