@@ -3,7 +3,8 @@
 //! drop (single nodes here; [`sentinel`], [`cluster`], [`tls`] certificates), the fault
 //! [`proxy`], the mutual-exclusion [`history`] checker, the Redisson peers ([`java_peer`], the
 //! real Java Redisson; [`redisson_peer`], a Lua stand-in), the lock [`family`]'s suite, and
-//! which server binary runs ([`servers`], chosen by `REDBATON_TEST_SERVER`, skips logged).
+//! which server binary runs ([`servers`], chosen by `REDBATON_TEST_SERVER`, skips logged),
+//! and the catalog of every kind ([`kinds`]).
 #![allow(dead_code)]
 
 use std::net::TcpListener;
@@ -494,6 +495,7 @@ pub mod cluster;
 pub mod family;
 pub mod history;
 pub mod java_peer;
+pub mod kinds;
 pub mod monitor;
 pub mod passing;
 pub mod proxy;

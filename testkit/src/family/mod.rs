@@ -21,8 +21,9 @@
 //!    `family_kind!` works for any kind with `Lock`'s method set (the five acquire methods,
 //!    `is_locked`, `hold_count`, `force_unlock`, `channel`, `key`) and a `Guard<Kind>` guard;
 //!    otherwise implement [`AnyLock`], [`AnyGuard`] and [`Family`] by hand.
-//! 2. Add one line to `tests/family.rs`: `conformance!(read_lock, redbaton::ReadLock);` —
-//!    one `#[tokio::test]` per invariant, in a module named by the first argument.
+//! 2. Add it to the catalog of kinds (`kinds.rs`: [`KINDS`](crate::kinds::KINDS) and
+//!    `lock_family!`, which `tests/family.rs` hands `conformance!`): one `#[tokio::test]` per
+//!    invariant, in a module named by the pair's first element.
 //!
 //! # How kinds differ
 //!
