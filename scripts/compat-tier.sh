@@ -61,7 +61,7 @@ for entry in "${TIER[@]}"; do
 done
 # A short soak: mutual exclusion across processes under faults (kills, restarts, stalls).
 echo "compat-tier.sh: $server: a short soak"
-if ! cargo run --example soak -- --acquisitions 2000 --names 4 --tasks 8; then
+if ! cargo run -p redbaton-soak -- --acquisitions 2000 --names 4 --tasks 8; then
     echo "compat-tier.sh: $server: the soak failed" >&2
     status=1
 fi

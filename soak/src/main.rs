@@ -2,7 +2,7 @@
 //! `redis-server` that is paused, flushed, cut off, stalled and killed on a schedule.
 //!
 //! ```text
-//! cargo run --release --example soak -- --acquisitions 100000
+//! cargo run --release -p redbaton-soak -- --acquisitions 100000
 //! ```
 //!
 //! The soak starts its own `redis-server` (AOF with `appendfsync always` in a directory on
