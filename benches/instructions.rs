@@ -31,8 +31,7 @@
 mod contenders;
 #[path = "fred_client.rs"]
 mod fred_client;
-#[path = "../tests/support/mod.rs"]
-mod support;
+use testkit as support;
 
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -17,8 +17,7 @@
 //! summary gives the median ratio over the runs with its range.
 
 mod fred_client;
-#[path = "../tests/support/mod.rs"]
-mod support;
+use testkit as support;
 
 use std::time::{Duration, Instant};
 

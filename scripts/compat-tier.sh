@@ -8,7 +8,7 @@
 # scripts/test.sh runs it: no rebuild), runs each test binary once with its filters, then a
 # short soak, and ends with one line: `<server>: N passed, N failed, N skipped`. A test that
 # needs what the server lacks prints `SKIPPED <test> on <server>: <why>` and is counted as
-# skipped, not passed (tests/support/servers.rs). What the tier covers and leaves out, and why:
+# skipped, not passed (testkit/src/servers.rs). What the tier covers and leaves out, and why:
 # docs/VERSIONS.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -61,7 +61,7 @@ for entry in "${TIER[@]}"; do
 done
 # A short soak: mutual exclusion across processes under faults (kills, restarts, stalls).
 echo "compat-tier.sh: $server: a short soak"
-if ! cargo run --example soak -- --acquisitions 2000 --names 4 --tasks 8; then
+if ! cargo run -p redbaton-soak -- --acquisitions 2000 --names 4 --tasks 8; then
     echo "compat-tier.sh: $server: the soak failed" >&2
     status=1
 fi

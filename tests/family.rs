@@ -1,19 +1,13 @@
-//! The lock family's conformance suite (tests/support/family/): every invariant of
+//! The lock family's conformance suite (testkit/src/family/): every invariant of
 //! docs/DESIGN.md that all lock kinds share, one test each, run against every kind. What is
-//! special to a kind is tested in its own file (tests/lock/, tests/fenced.rs, ...).
+//! special to a kind is tested in its own file (tests/lock/, tests/api/fenced.rs, ...).
 //!
-//! Adding a kind: describe it in the catalog at the end of tests/support/family/mod.rs, then
-//! add its line here.
+//! Adding a kind: add it to the kit's catalog of kinds (testkit/src/kinds.rs: `KINDS` and
+//! `lock_family!`) and describe it for this suite at the end of testkit/src/family/mod.rs.
 
-mod support;
-
-#[path = "support/family/mod.rs"]
-mod family;
+use testkit::family;
 
 use family::conformance;
 
-conformance!(lock, redbaton::Lock);
-conformance!(fenced_lock, redbaton::FencedLock);
-conformance!(read_lock, redbaton::ReadLock);
-conformance!(write_lock, redbaton::WriteLock);
-conformance!(fair_lock, redbaton::FairLock);
+// Every kind of the lock family, from the kit's catalog (testkit/src/kinds.rs).
+testkit::lock_family!(conformance);

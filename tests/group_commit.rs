@@ -2,7 +2,7 @@
 //! is in flight, go out together with one `WAIT` — and a stalled replica costs each acquire
 //! its own acknowledgement timeout, not a queue of everyone's.
 
-mod support;
+use testkit as support;
 
 use std::process::Command;
 use std::time::{Duration, Instant};

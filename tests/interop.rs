@@ -7,7 +7,7 @@
 //! Needs `node` and the pinned packages: `bash scripts/install-node.sh` (run by
 //! `scripts/test.sh` and CI). Without them every test here fails, saying so.
 
-mod support;
+use testkit as support;
 
 use std::collections::HashMap;
 use std::path::PathBuf;

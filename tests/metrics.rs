@@ -5,7 +5,7 @@
 //! watchdog, hub, background releases — records on that thread, into that recorder.
 #![cfg(feature = "metrics")]
 
-mod support;
+use testkit as support;
 
 use std::cell::RefCell;
 use std::collections::HashMap;

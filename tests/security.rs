@@ -1,7 +1,7 @@
 //! Security: ACL users and passwords, and a user restricted to exactly the ACL a lock user
 //! needs (the one docs/FAILURES.md documents). TLS is in `tests/tls.rs`.
 
-mod support;
+use testkit as support;
 
 use std::time::Duration;
 

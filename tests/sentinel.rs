@@ -3,7 +3,7 @@
 //! waiters get the lock, and the holder's guard reports lost when the hold did not reach the
 //! replica (Redis replicates asynchronously).
 
-mod support;
+use testkit as support;
 
 use std::time::{Duration, Instant};
 

@@ -1,9 +1,9 @@
 //! The servers users run (Redis 6.2, Redis 7.0, Valkey 8.1): the client says which one it is
 //! connected to, and what a server cannot do is refused by name at connect. Each test runs on
-//! the server `REDBATON_TEST_SERVER` names (tests/support/servers.rs) and asserts what that
+//! the server `REDBATON_TEST_SERVER` names (testkit/src/servers.rs) and asserts what that
 //! server must do.
 
-mod support;
+use testkit as support;
 
 use std::time::Duration;
 

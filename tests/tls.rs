@@ -1,9 +1,8 @@
 //! TLS with a private CA (certificates made with `openssl` here) and refused TLS handshakes.
 //! Built only with the `tls` feature (`required-features` in Cargo.toml).
 
-#[path = "support/tls.rs"]
-mod certs;
-mod support;
+use testkit as support;
+use testkit::tls as certs;
 
 use std::time::Duration;
 

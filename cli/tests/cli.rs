@@ -4,8 +4,7 @@
 mod cli_support;
 // The library's test support (real redis-server processes, the fault proxy), shared by path
 // rather than copied.
-#[path = "../../tests/support/mod.rs"]
-mod support;
+use testkit as support;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

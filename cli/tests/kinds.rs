@@ -3,8 +3,7 @@
 //! `--watchdog-lease` is accepted, and semaphores: their status and repair.
 
 mod cli_support;
-#[path = "../../tests/support/mod.rs"]
-mod support;
+use testkit as support;
 
 use std::future::Future;
 use std::process::Command;

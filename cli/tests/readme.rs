@@ -3,8 +3,7 @@
 //! block, and the command of each ```crontab entry, run by `sh` as cron would.
 
 mod cli_support;
-#[path = "../../tests/support/mod.rs"]
-mod support;
+use testkit as support;
 
 use std::path::Path;
 use std::process::Command;

@@ -115,7 +115,7 @@ async fn a_script_in_flight_when_a_cluster_resync_finds_its_connection_reset_run
         .await
         .expect("the redirected GET ends")
         .unwrap();
-    // Redirected: it did not run, whatever fred calls it (`tests/errors.rs` pins the texts).
+    // Redirected: it did not run, whatever fred calls it (`tests/robustness/errors.rs` pins the texts).
     assert!(moved.is_err(), "{moved:?}");
     let (result, owner) = tokio::time::timeout(Duration::from_secs(20), locking)
         .await

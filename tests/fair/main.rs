@@ -4,11 +4,9 @@
 //! Lua written from docs/WIRE.md ("Fair lock") (both directions), exclusion with the plain lock,
 //! and the wire layout.
 
-#[path = "../support/mod.rs"]
-mod support;
+use testkit as support;
 
-#[path = "../support/redisson_peer.rs"]
-mod redisson_peer;
+use testkit::redisson_peer;
 
 mod processes;
 mod waiters;

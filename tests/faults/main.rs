@@ -5,8 +5,7 @@
 //! Leases are short (1–3 s) so the suite stays fast; every bound is generous for a loaded
 //! 2-core machine yet far below what the broken behaviour would take.
 
-#[path = "../support/mod.rs"]
-mod support;
+use testkit as support;
 
 mod cancellation;
 mod clock;

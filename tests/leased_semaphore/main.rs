@@ -2,8 +2,7 @@
 //! wire layout, leases that end, the watchdog, lost permits, at most N holders under
 //! contention, cancellation, bad input, and a Redisson peer in both directions.
 
-#[path = "../support/mod.rs"]
-mod support;
+use testkit as support;
 
 mod leases;
 mod permits;

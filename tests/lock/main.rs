@@ -1,10 +1,8 @@
 //! The core lock against a real redis-server: reentry, exclusion, wake-ups, leases,
 //! the watchdog, lost leases, ownership, scripts, wrong types, cancellation, wire layout.
 
-#[path = "../support/captured.rs"]
-mod captured;
-#[path = "../support/mod.rs"]
-mod support;
+use testkit as support;
+use testkit::captured;
 
 mod cancellation;
 mod exclusion;

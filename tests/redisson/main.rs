@@ -11,13 +11,11 @@
 //! also runs against 3.52.0. Needs java and the driver: `bash scripts/install-java-peer.sh`
 //! (run by `scripts/test.sh` and CI); without them every test here fails, saying so.
 
-#[path = "../support/mod.rs"]
-mod support;
+use testkit as support;
 
 // The lock family's erased handles (`Family`, `Held`); its conformance suite runs elsewhere.
-#[path = "../support/family/mod.rs"]
 #[allow(unused_imports, unused_macros)]
-mod family;
+use testkit::family;
 
 mod cluster;
 mod fair;

@@ -3,13 +3,11 @@
 //! unlock wakes every reader), reentry, the downgrade, no upgrade, reader timeout keys and the
 //! expiry they drive, dead holders, force-unlock per half, wrong types, renewal, shutdown,
 //! cancellation, a contention run checked by history, a cluster, and interleavings with a
-//! "Redisson peer" (tests/support/redisson_peer.rs: Redisson's scripts restated from the fact
+//! "Redisson peer" (testkit/src/redisson_peer.rs: Redisson's scripts restated from the fact
 //! sheet, driven by raw commands).
 
-#[path = "../support/redisson_peer.rs"]
-mod redisson_peer;
-#[path = "../support/mod.rs"]
-mod support;
+use testkit as support;
+use testkit::redisson_peer;
 
 mod cancellation;
 mod cluster;

@@ -2,8 +2,7 @@
 //! messages, at most N holders under contention, wake-ups of exactly as many waiters as
 //! permits appeared, cancellation, bad input, wrong types, a Redisson peer, a cluster.
 
-#[path = "../support/mod.rs"]
-mod support;
+use testkit as support;
 
 mod permits;
 mod wake_ups;

@@ -16,7 +16,7 @@ import org.redisson.config.ShardedSubscriptionMode;
 
 /**
  * Drives the real Java Redisson for redbaton's interop tests (tests/redisson.rs), the mixed
- * soak (examples/soak) and the compare bench. The Rust side starts the redis-server (or
+ * soak (soak/) and the compare bench. The Rust side starts the redis-server (or
  * cluster), runs this program as a child process on loopback and drives redbaton on the same
  * server and names.
  *

@@ -23,10 +23,10 @@ import org.redisson.client.codec.StringCodec;
 
 /**
  * {@code Driver soak}: a Java Redisson worker process of redbaton's mixed soak
- * (examples/soak, {@code --java}). It speaks the soak's file protocol in {@code --dir}, as the
+ * (soak/, {@code --java}). It speaks the soak's file protocol in {@code --dir}, as the
  * soak's redbaton workers do: {@code ready-<id>} once connected, {@code progress-<id>} (valid
  * sections so far), and once {@code stop} appears, {@code history-<id>} (one section a line, the
- * format of examples/soak/record.rs) and {@code summary-<id>} ({@code <counter>\t<value>} lines).
+ * format of soak/src/record.rs) and {@code summary-<id>} ({@code <counter>\t<value>} lines).
  *
  * <p>Each of {@code --tasks} threads picks a name ({@code --names hex:kind,...}; kinds
  * {@code lock}, {@code fair}, {@code fenced}, {@code write}, {@code leased}: a permit-expirable
@@ -41,7 +41,7 @@ import org.redisson.client.codec.StringCodec;
 final class Soak {
     private Soak() {}
 
-    /** The soak's compare-and-set on the guarded counter (examples/soak/record.rs). */
+    /** The soak's compare-and-set on the guarded counter (soak/src/record.rs). */
     private static final String CAS_SCRIPT = String.join("\n",
             "local newest = tonumber(redis.call('GET', KEYS[1]) or '0')",
             "local fence = tonumber(ARGV[1])",

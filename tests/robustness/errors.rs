@@ -13,7 +13,7 @@
 //! - With `max_redirections = 0` both MOVED and ASK answer "Too many redirections."
 //!   (`Routing`), the command did not run, and the client keeps working.
 
-mod support;
+use testkit as support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

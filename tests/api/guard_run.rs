@@ -2,7 +2,7 @@
 //! and the release, reentry inside, exclusion of others, the closure's future dropped when
 //! the lease is lost, `Guard::run` on a guard acquired another way, and the multi-lock's.
 
-mod support;
+use testkit as support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -1,8 +1,7 @@
 //! The soak's own `redis-server`: a free loopback port, AOF with `appendfsync always` in the
 //! run directory, so a SIGKILL and restart on the same port keeps every acknowledged write.
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -18,19 +17,6 @@ fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("a free loopback port")
-}
-
-/// `PING` answered with `PONG` (not `-LOADING`): the server serves commands.
-fn serves(port: u16) -> bool {
-    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
-        return false;
-    };
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
-    if stream.write_all(b"PING\r\n").is_err() {
-        return false;
-    }
-    let mut reply = [0u8; 64];
-    matches!(stream.read(&mut reply), Ok(n) if reply[..n].starts_with(b"+PONG"))
 }
 
 impl Server {
@@ -84,7 +70,10 @@ impl Server {
                 self.child = None;
                 return Ok(false);
             }
-            if serves(self.port) {
+            // The process started answers there itself and serves commands (not `-LOADING`
+            // while it replays its AOF): the test kit's one readiness rule.
+            let pid = self.child.as_ref().map_or(0, |c| c.id());
+            if testkit::served_by(self.port, pid) {
                 return Ok(true);
             }
             std::thread::sleep(Duration::from_millis(10));

@@ -10,7 +10,7 @@
 //! socket) moves while the test polls it, so each poll is one step, whatever the machine's
 //! speed — on more threads a reply could land within a poll and skip a state.
 
-mod support;
+use testkit as support;
 
 use std::future::Future;
 use std::pin::Pin;

@@ -822,7 +822,7 @@ mod tests {
         // Before it was noticed, after it ended: allowed; in between: one violation line.
         let refusals = [10 * s + s / 2, 12 * s + 6 * s / 10, 13 * s, 17 * s];
         let progress = [section(13 * s, 13 * s + 5, "c:1")];
-        let found = resync_violations(&[resync.clone()], &refusals, &progress, 0);
+        let found = resync_violations(std::slice::from_ref(&resync), &refusals, &progress, 0);
         assert_eq!(found.len(), 1, "{found:?}");
         assert!(found[0].starts_with("2 acquires"), "{found:?}");
         // No refusal, but no section either while the forced resync went on.

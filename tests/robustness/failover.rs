@@ -17,7 +17,7 @@
 //! killed it can neither renew nor learn anything: its guard says "held" exactly as long as
 //! its own validity says so, which is what these tests judge.
 
-mod support;
+use testkit as support;
 
 use std::time::{Duration, Instant};
 

@@ -1,5 +1,5 @@
 //! The history checker for mutual exclusion, shared by `tests/torture.rs` and the soak
-//! (`examples/soak`, which includes this file with `#[path]`).
+//! (`soak/`).
 //!
 //! A history is every critical section run under a lock name: when it began and ended on one
 //! monotonic clock, the fencing number taken inside it (INCR on a side key), and when — if at

@@ -2,7 +2,7 @@
 //! with nodes down, failure without a majority, the validity time, release on failure,
 //! reentry, a node restarted empty during a hold, all-or-nothing and no deadlock.
 
-mod support;
+use testkit as support;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -21,8 +21,9 @@
 //!    `family_kind!` works for any kind with `Lock`'s method set (the five acquire methods,
 //!    `is_locked`, `hold_count`, `force_unlock`, `channel`, `key`) and a `Guard<Kind>` guard;
 //!    otherwise implement [`AnyLock`], [`AnyGuard`] and [`Family`] by hand.
-//! 2. Add one line to `tests/family.rs`: `conformance!(read_lock, redbaton::ReadLock);` —
-//!    one `#[tokio::test]` per invariant, in a module named by the first argument.
+//! 2. Add it to the catalog of kinds (`kinds.rs`: [`KINDS`](crate::kinds::KINDS) and
+//!    `lock_family!`, which `tests/family.rs` hands `conformance!`): one `#[tokio::test]` per
+//!    invariant, in a module named by the pair's first element.
 //!
 //! # How kinds differ
 //!
@@ -53,8 +54,8 @@
 //! The suite assumes the classic pub/sub mode and a server used by one test alone (it reads
 //! `INFO commandstats` and `PUBSUB CHANNELS`).
 //!
-//! This module is mounted at the crate root next to `mod support;`:
-//! `#[path = "support/family/mod.rs"] mod family;` (the macros refer to `crate::family`).
+//! A test crate reaches it as `testkit::family` (`use testkit::family;`); `conformance!`
+//! is exported at the kit's root too, and refers to this module through `$crate`.
 #![allow(dead_code)]
 
 mod holders;
@@ -78,8 +79,8 @@ use fred::types::CustomCommand;
 use redbaton::{Client, Error, Result};
 use tokio::time::Instant;
 
-use crate::support::monitor::ScriptRuns;
-use crate::support::{command_calls, eventually, script_calls, RedisServer, RENEWED_LEASE};
+use crate::monitor::ScriptRuns;
+use crate::{command_calls, eventually, script_calls, RedisServer, RENEWED_LEASE};
 
 /// Implements [`AnyGuard`], [`AnyLock`] and [`Family`] for a kind with `Lock`'s method set.
 macro_rules! family_kind {
@@ -216,7 +217,9 @@ macro_rules! family_kind {
 #[allow(unused_imports)]
 pub(crate) use family_kind;
 
-/// One `#[tokio::test]` per invariant for `$kind`, in a module `$module`.
+/// One `#[tokio::test]` per invariant for `$kind`, in a module `$module` (of the calling
+/// test crate, which needs `tokio`).
+#[macro_export]
 macro_rules! conformance {
     ($module:ident, $kind:ty) => {
         mod $module {
@@ -287,7 +290,7 @@ macro_rules! conformance {
         }
     };
 }
-pub(crate) use conformance;
+pub use crate::conformance;
 
 /// A boxed future: the erased handles return these.
 pub type Fut<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

@@ -26,7 +26,7 @@ fn openssl(dir: &Path, args: &[&str]) {
 impl TestCerts {
     /// Makes a fresh CA and a server certificate it signed (P-256 keys, valid one day).
     pub fn new(tag: &str) -> TestCerts {
-        let dir = crate::support::fresh_dir(&format!("redbaton-tls-{tag}"));
+        let dir = crate::fresh_dir(&format!("redbaton-tls-{tag}"));
         std::fs::create_dir_all(&dir).unwrap();
         let ec = [
             "-newkey",

@@ -5,7 +5,7 @@
 //! exists: a holder that paused past its lease is fenced off by a store that refuses tokens
 //! lower than the highest it has seen. What it shares with every kind is in tests/family.rs.
 
-mod support;
+use testkit as support;
 
 use std::collections::HashMap;
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! `redis-server` that is paused, flushed, cut off, stalled and killed on a schedule.
 //!
 //! ```text
-//! cargo run --release --example soak -- --acquisitions 100000
+//! cargo run --release -p redbaton-soak -- --acquisitions 100000
 //! ```
 //!
 //! The soak starts its own `redis-server` (AOF with `appendfsync always` in a directory on
@@ -73,17 +73,13 @@ use clap::{Parser, Subcommand};
 
 mod failover;
 mod faults;
-#[path = "../../tests/support/history.rs"]
-mod history;
-#[path = "../../tests/support/java_peer.rs"]
-mod java_peer;
+use testkit::history;
+use testkit::java_peer;
 mod parent;
-#[path = "../../tests/support/proxy.rs"]
-mod proxy;
+use testkit::proxy;
 mod record;
 mod server;
-#[path = "../../tests/support/servers.rs"]
-mod servers;
+use testkit::servers;
 mod verdict;
 mod worker;
 

@@ -1,4 +1,10 @@
-//! Test support: real `redis-server` processes on free loopback ports, stopped on drop.
+//! redbaton's test kit, shared by the test crates (`use testkit as support;`), the examples,
+//! the soak and the benches: real `redis-server` processes on free loopback ports, stopped on
+//! drop (single nodes here; [`sentinel`], [`cluster`], [`tls`] certificates), the fault
+//! [`proxy`], the mutual-exclusion [`history`] checker, the Redisson peers ([`java_peer`], the
+//! real Java Redisson; [`redisson_peer`], a Lua stand-in), the lock [`family`]'s suite, and
+//! which server binary runs ([`servers`], chosen by `REDBATON_TEST_SERVER`, skips logged),
+//! and the catalog of every kind ([`kinds`]).
 #![allow(dead_code)]
 
 use std::net::TcpListener;
@@ -68,40 +74,12 @@ pub fn fresh_dir(prefix: &str) -> PathBuf {
     std::env::temp_dir().join(format!("{prefix}-{}-{n}", std::process::id()))
 }
 
-/// Whether the server answering on `port` is the process `pid` (a sentinel, which logs no
-/// "ready" line). A connection alone proves nothing: a port `free_port` released can be taken
-/// by another test's server before this one binds it, and then this one exits while the other
-/// answers in its place.
-pub fn served_by(port: u16, pid: u32) -> bool {
-    use std::io::{Read, Write};
-    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
-        return false;
-    };
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
-    if stream.write_all(b"INFO server\r\n").is_err() {
-        return false;
-    }
-    // One bulk reply (`$<len>\r\n<text>\r\n`), or an error line.
-    let mut reply = Vec::new();
-    let mut chunk = [0u8; 4096];
-    loop {
-        match stream.read(&mut chunk) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => reply.extend_from_slice(&chunk[..n]),
-        }
-        let Some(header) = reply.windows(2).position(|w| w == b"\r\n") else {
-            continue;
-        };
-        let len: Option<usize> = std::str::from_utf8(&reply[1..header])
-            .ok()
-            .and_then(|l| l.parse().ok());
-        match (reply[0], len) {
-            (b'$', Some(len)) if reply.len() < header + 2 + len => continue,
-            _ => break,
-        }
-    }
-    String::from_utf8_lossy(&reply).contains(&format!("\r\nprocess_id:{pid}\r\n"))
-}
+// When a server this process started is ready (its pid in `INFO server`, and `PING` answered):
+// one rule for the kit, the CLI's demo server, the examples and the soak. Its home is the CLI,
+// which is published and must carry it; the kit mounts the same file.
+#[path = "../../cli/src/ready.rs"]
+mod ready;
+pub use ready::served_by;
 
 impl RedisServer {
     /// Starts a server with persistence off.
@@ -511,14 +489,20 @@ pub async fn still_held(
     held
 }
 
+pub mod captured;
 pub mod child;
 pub mod cluster;
+pub mod family;
+pub mod history;
 pub mod java_peer;
+pub mod kinds;
 pub mod monitor;
 pub mod passing;
 pub mod proxy;
+pub mod redisson_peer;
 pub mod sentinel;
 pub mod servers;
+pub mod tls;
 
 /// Runs a raw command (`CLIENT PAUSE`, `SCRIPT FLUSH`, ...) and returns its reply.
 pub async fn command(raw: &fred::clients::Client, name: &'static str, args: Vec<String>) -> Value {

@@ -7,7 +7,7 @@
 use std::process::{Child, Command, Stdio};
 
 /// Env var carrying the child's argument; set only in a child.
-const CHILD_ENV: &str = "REDBATON_TEST_CHILD";
+pub const CHILD_ENV: &str = "REDBATON_TEST_CHILD";
 
 /// A child process of this test binary, killed on drop (so a failing test never leaves one).
 pub struct ChildProcess(pub Child);

@@ -81,9 +81,12 @@ impl Node {
             .stderr(Stdio::from(log))
             .spawn()
             .map_err(|e| format!("cannot run redis-server: {e}"))?;
+        let pid = child.id();
         self.child = Some(child);
+        // Ready when the process started answers there itself (the test kit's one rule): a
+        // PONG alone may come from another process's server on a port reused meanwhile.
         if wait_until(Duration::from_secs(20), || {
-            cli(self.port, &["ping"]).trim() == "PONG"
+            testkit::served_by(self.port, pid)
         }) {
             Ok(())
         } else {

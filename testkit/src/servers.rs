@@ -12,8 +12,6 @@
 //! to the terminal (past the test harness's capture) and appends the same line to the file
 //! named by `REDBATON_SKIP_LOG`, if set, which scripts/compat-tier.sh counts — a skipped test
 //! is never silently passed.
-//!
-//! Standalone (no `super::`): the soak example mounts it too.
 #![allow(dead_code)]
 
 use std::io::Write;

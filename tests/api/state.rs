@@ -2,7 +2,7 @@
 //! remaining lease, subscribers on the channel (classic and sharded pub/sub), and refusal of
 //! keys that are not locks.
 
-mod support;
+use testkit as support;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! locks, second releases, use after shutdown, owner ids. Each refusal is a typed
 //! [`redbaton::Error`] with a clear message, and leaves Redis exactly as it was.
 
-mod support;
+use testkit as support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

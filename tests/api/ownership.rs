@@ -2,9 +2,8 @@
 //! `one_holder_per_scope` and `reentry` do not cover — the warning for an un-scoped nested
 //! acquire, a try that cannot deadlock, fair waiters joined in one task, multi-locks.
 
-#[path = "support/captured.rs"]
-mod captured;
-mod support;
+use testkit as support;
+use testkit::captured;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;

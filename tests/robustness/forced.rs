@@ -3,7 +3,7 @@
 //! (invariant 13), a woken waiter that gives up passing its wake-up on (invariant 4), and
 //! the skipped re-check of a waiter whose channel was already confirmed (invariant 2).
 
-mod support;
+use testkit as support;
 
 use std::time::{Duration, Instant};
 

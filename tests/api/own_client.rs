@@ -4,7 +4,7 @@
 //! renewal, and comes back as the command's own answer, never cut by the library's timeout.
 //! A fred error converts into `redbaton::Error` with `?`.
 
-mod support;
+use testkit as support;
 
 use std::time::{Duration, Instant};
 

@@ -1,6 +1,6 @@
 //! The Java Redisson peer: `interop/java`, a driver of the real Redisson built by
 //! `scripts/install-java-peer.sh` once per Redisson line. Shared by `tests/redisson/`, the
-//! mixed soak (`examples/soak`, which includes this file with `#[path]`) and the compare bench.
+//! mixed soak (`soak/`) and the compare bench.
 #![allow(dead_code)]
 
 use std::path::PathBuf;

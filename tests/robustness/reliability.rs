@@ -4,7 +4,7 @@
 //! another client's holds of a shared owner, two names on one channel, a shutdown racing an
 //! acquire in flight, waiters that slept through a broken subscriber.
 
-mod support;
+use testkit as support;
 
 use std::time::Duration;
 
