@@ -18,6 +18,13 @@ use crate::config::PubSubMode;
 /// How many times a shard subscription is sent while the cluster redirects it.
 const SUBSCRIBE_TRIES: u64 = 5;
 
+/// What a connected subscriber reports (see [`Subscriber::connect`]).
+pub(crate) struct Streams {
+    pub(crate) messages: Receiver<Message>,
+    pub(crate) reconnects: Receiver<Server>,
+    pub(crate) errors: Receiver<(FredError, Option<Server>)>,
+}
+
 /// A client's subscriber connection.
 pub(crate) struct Subscriber {
     client: SubscriberClient,
@@ -30,15 +37,23 @@ impl Subscriber {
         Subscriber { client, mode }
     }
 
-    /// Connects: the stream of messages, and of reconnections after this first connection.
-    pub(crate) async fn connect(&self) -> Result<(Receiver<Message>, Receiver<Server>), FredError> {
+    /// Connects: the stream of messages, of reconnections after this first connection, and of
+    /// the connection's errors (a dropped connection reports one at once, its reconnection only
+    /// after the reconnect policy's delay).
+    pub(crate) async fn connect(&self) -> Result<Streams, FredError> {
         // Receivers first: the initial connection also emits a reconnect event.
         let mut reconnects = self.client.reconnect_rx();
         let messages = self.client.message_rx();
         self.client.init().await?;
+        // After the first connection: its failed attempts, if any, are no news.
+        let errors = self.client.error_rx();
         // Consume the initial connection's event, or it would count as a reconnect.
         let _ = tokio::time::timeout(Duration::from_secs(1), reconnects.recv()).await;
-        Ok((messages, reconnects))
+        Ok(Streams {
+            messages,
+            reconnects,
+            errors,
+        })
     }
 
     /// Whether shard subscriptions must follow the slot map (sharded pub/sub on a cluster).

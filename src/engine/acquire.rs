@@ -229,6 +229,24 @@ impl<K: Kind> Attempts for LockAttempts<K> {
     }
 }
 
+/// Whether Redis still has `field`'s hold of `key` (the kind's renewal script with lease 0, a
+/// read); `None` if it could not tell.
+async fn still_held(
+    conn: &crate::conn::Conn,
+    ops: &Arc<dyn crate::engine::holds::HoldOps>,
+    key: &str,
+    field: &str,
+) -> Option<bool> {
+    let args = vec![fred::types::Value::from(field), fred::types::Value::from(0)];
+    match conn.eval::<Vec<i64>>(ops.renewal(), &[key], args).await {
+        Ok(held) => held.first().map(|&held| held == 1),
+        Err(e) => {
+            tracing::debug!(error = %e, "could not check a hold");
+            None
+        }
+    }
+}
+
 /// One acquire round trip under the owner's turn. `_in_flight`, this client's marker of a new
 /// owner's acquire in Redis, if it is one, lives as long as the round trip, finished in the
 /// background or not.
@@ -307,7 +325,31 @@ async fn attempt<K: Kind>(
                 undo_acquire(conn.clone(), turn, ops, field, named.name().to_owned()).await;
                 return Ok(Try::Busy(0));
             }
+            let mut confirmed = None;
+            if K::PASSES && count <= 1 {
+                let (channel, _) = kind.channel(&field);
+                if client.hub.heard_since(&channel, &named.key, sent_at) {
+                    // An unlock message came while this acquire was in flight, when no hold of
+                    // it was registered to doubt: a force-unlock may have ended it already.
+                    // Redis is asked before the guard is given (invariants 8 and 16,
+                    // docs/DESIGN.md); a hold found gone is tried for again.
+                    let asked_at = Instant::now();
+                    match still_held(conn, &ops, &named.key, &field).await {
+                        Some(false) => {
+                            tracing::debug!(lock = %named.name(), "acquired, but gone by the reply's time (an unlock message came meanwhile); trying again");
+                            turn.note_count(count);
+                            return Ok(Try::Busy(0));
+                        }
+                        Some(true) => confirmed = Some(asked_at),
+                        // Not learnt: registered, and doubted as it is (see `Hub::held_here`).
+                        None => {}
+                    }
+                }
+            }
             let registered = turn.acquired(count, lease, sent_at);
+            if let Some(at) = confirmed {
+                registered.entry.checked(registered.generation, at);
+            }
             if K::PASSES {
                 let (channel, _) = kind.channel(&field);
                 let (entry, generation) = (&registered.entry, registered.generation);

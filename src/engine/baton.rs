@@ -53,8 +53,10 @@
 //! than a fixed lease the waiter asks for), when its owner was given out, when an unlock
 //! message came on the lock's channel since Redis last confirmed the hold (a force-unlock by
 //! another client publishes one: the run ends at once, and the watchdog checks the hold
-//! handed on last right away, so its holder is told within a round trip), or when the client
-//! is shutting down. It counts in the run of
+//! handed on last right away, so its holder is told within a round trip), while no unlock
+//! message could arrive (the channel's subscription is not confirmed: the subscriber
+//! connection dropped and is not resubscribed yet, so a force-unlock's message would be
+//! lost), or when the client is shutting down. It counts in the run of
 //! [`Config::baton_passes`](crate::Config::baton_passes), and a run of hand-offs also ends
 //! after [`LOCAL_RUN_FOR`]: then the release is an ordinary one (delete and unlock message).
 //! Other clients' waiters are learnt off the hot path: a hand-off starts a count of the
@@ -78,7 +80,7 @@
 
 use std::any::Any;
 use std::future::poll_fn;
-use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -135,6 +137,10 @@ pub(crate) struct Queue {
     /// When the last unlock message came on the channel: a hold Redis has not confirmed since
     /// may have been force-unlocked, and is not handed on in memory.
     unlock_heard: Mutex<Option<Instant>>,
+    /// Whether an unlock message on the channel reaches this client now: its subscription is
+    /// confirmed, and the subscriber connection has not dropped since. Otherwise a
+    /// force-unlock goes unheard, and nothing is handed on in memory.
+    listening: AtomicBool,
     /// Until when this client's tasks leave the lock to another client's waiter (see
     /// [`YIELD_TO_OTHERS`]).
     yield_until: Mutex<Option<Instant>>,
@@ -184,9 +190,15 @@ impl Queue {
         self.entries.lock().parked()
     }
 
-    /// This client holds the key now through the hold (`entry`, `generation`).
-    pub(crate) fn held_here(&self, entry: &Arc<Entry>, generation: u64) {
+    /// This client holds the key now through the hold (`entry`, `generation`). Returns
+    /// whether an unlock message came since Redis last confirmed that hold: an acquire (or
+    /// pass) that ran before a force-unlock may be registered after its message was heard,
+    /// when that message's doubt found no hold to check (see
+    /// [`Holds::doubt`](crate::engine::holds::Holds::doubt)): the caller doubts it then.
+    pub(crate) fn held_here(&self, entry: &Arc<Entry>, generation: u64) -> bool {
         *self.held.lock() = Some((entry.clone(), generation));
+        let heard = *self.unlock_heard.lock();
+        heard.is_some_and(|heard| entry.unconfirmed_since(generation, heard))
     }
 
     /// Another client waits (a count of the channel's subscribers found one): the next few
@@ -262,6 +274,28 @@ impl Queue {
         }
     }
 
+    /// The channel's subscription is confirmed (`true`), or no longer known live (the
+    /// subscriber connection dropped). Confirmed while this client holds the key, it counts
+    /// as an unlock message: one published before it went unheard. (A hold taken before the
+    /// key had waiters here is not noted: their re-check after subscribing asks Redis.)
+    pub(crate) fn listening(&self, listening: bool) {
+        if listening && self.held.lock().is_some() {
+            *self.unlock_heard.lock() = Some(Instant::now());
+        }
+        self.listening.store(listening, Relaxed);
+    }
+
+    #[cfg(any(test, feature = "test-hooks"))]
+    /// Whether an unlock message on the channel reaches this client now.
+    pub(crate) fn is_listening(&self) -> bool {
+        self.listening.load(Relaxed)
+    }
+
+    /// Whether an unlock message came on the channel after `at`.
+    pub(crate) fn heard_since(&self, at: Instant) -> bool {
+        self.unlock_heard.lock().is_some_and(|heard| heard > at)
+    }
+
     /// An unlock message came on the channel. Returns this client's hold of the key, if it is
     /// held now: Redis may no longer have it (see [`Holds::doubt`](crate::engine::holds::Holds::doubt)).
     pub(crate) fn unlock_heard(&self) -> Option<(Arc<Entry>, u64)> {
@@ -333,9 +367,17 @@ impl Claim {
         *self.queue.unlock_heard.lock()
     }
 
-    /// Notes the hold (`entry`, `generation`) handed on in memory to the claimed waiter.
-    pub(crate) fn handing_on(&self, entry: &Arc<Entry>, generation: u64) {
-        self.queue.held_here(entry, generation);
+    /// Whether an unlock message on the lock's channel would reach this client now (see
+    /// [`Queue::listening`]).
+    pub(crate) fn listening(&self) -> bool {
+        self.queue.listening.load(Relaxed)
+    }
+
+    /// Notes the hold (`entry`, `generation`) handed on to the claimed waiter. Returns
+    /// whether it is to be doubted (see [`Queue::held_here`]).
+    #[must_use]
+    pub(crate) fn handing_on(&self, entry: &Arc<Entry>, generation: u64) -> bool {
+        self.queue.held_here(entry, generation)
     }
 
     /// Hands the passed lock's guard over. Returns it if the waiter has left meanwhile: the

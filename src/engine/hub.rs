@@ -178,7 +178,7 @@ impl Hub {
         subscriber: Subscriber,
         holds: Arc<Holds>,
     ) -> Result<Arc<Hub>, FredError> {
-        let (messages, reconnects) = subscriber.connect().await?;
+        let streams = subscriber.connect().await?;
         let (ops, ops_rx) = mpsc::unbounded_channel();
         let hub = Arc::new(Hub {
             subscriber,
@@ -193,9 +193,14 @@ impl Hub {
         if hub.subscriber.follows_shards() {
             tokio::spawn(follow_shards(Arc::downgrade(&hub)));
         }
-        tokio::spawn(dispatch_messages(hub.clone(), messages));
+        tokio::spawn(dispatch_messages(hub.clone(), streams.messages));
         tokio::spawn(drop_idle(hub.clone()));
-        tokio::spawn(apply_ops(hub.clone(), ops_rx, reconnects));
+        tokio::spawn(apply_ops(
+            hub.clone(),
+            ops_rx,
+            streams.reconnects,
+            streams.errors,
+        ));
         Ok(hub)
     }
 
@@ -240,6 +245,9 @@ impl Hub {
                         lease_end: Mutex::new(None),
                         lease_moved: Notify::new(),
                     });
+                    // Under the groups' lock, as confirmations reach the groups (see
+                    // `Channel::set_confirmed`).
+                    group.batons.listening(channel.is_confirmed());
                     groups.push(group.clone());
                     group
                 }
@@ -282,7 +290,10 @@ impl Hub {
     /// acquires queue behind it without asking Redis.
     pub(crate) fn held_here(&self, name: &str, key: &str, entry: &Arc<Entry>, generation: u64) {
         if let Some(batons) = self.batons(name, key) {
-            batons.held_here(entry, generation);
+            if batons.held_here(entry, generation) {
+                // Registered after an unlock message that may have ended it: checked now.
+                self.holds.doubt(entry.clone(), generation);
+            }
         }
     }
 
@@ -296,6 +307,20 @@ impl Hub {
     /// How many waiters of `key` on channel `name` a release could pass the lock to now.
     pub(crate) fn passable(&self, name: &str, key: &str) -> usize {
         self.batons(name, key).map_or(0, |batons| batons.parked())
+    }
+
+    /// Whether an unlock message on channel `name` came after `at`, where waiters of `key`
+    /// queue.
+    pub(crate) fn heard_since(&self, name: &str, key: &str, at: Instant) -> bool {
+        self.batons(name, key)
+            .is_some_and(|batons| batons.heard_since(at))
+    }
+
+    #[cfg(any(test, feature = "test-hooks"))]
+    /// Whether an unlock message on channel `name` reaches the waiters of `key` now.
+    pub(crate) fn listening(&self, name: &str, key: &str) -> bool {
+        self.batons(name, key)
+            .is_some_and(|batons| batons.is_listening())
     }
 
     /// Whether an acquire of `key` (its waiters on channel `name`) by `field` (owner number

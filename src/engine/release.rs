@@ -246,6 +246,11 @@ fn hand_on<K: Kind>(kind: &K, hold: &Hold, turn: &Turn, claim: Claim, extra: K::
         // docs/DESIGN.md).
         return Handing::Script(claim);
     }
+    if !claim.listening() {
+        // A force-unlock now would go unheard (the subscriber connection dropped): the pass
+        // script asks Redis (invariant 16, docs/DESIGN.md).
+        return Handing::Script(claim);
+    }
     let next = claim.baton().lease;
     let heard = claim.unlock_heard();
     let registered = match turn.hand_on(hold.generation, hold.lease, next, LOCAL_RUN_FOR, heard) {
@@ -269,7 +274,11 @@ fn hand_on<K: Kind>(kind: &K, hold: &Hold, turn: &Turn, claim: Claim, extra: K::
             }
         });
     }
-    claim.handing_on(&registered.entry, registered.generation);
+    if claim.handing_on(&registered.entry, registered.generation) {
+        // A message came since the check above: checked now, as the message would have.
+        let holds = &kind.named().client.holds;
+        holds.doubt(registered.entry.clone(), registered.generation);
+    }
     tracing::trace!(lock = %kind.named().name(), owner = %hold.field, "handed on locally");
     let guard = Guard::new(
         kind.clone(),
@@ -334,8 +343,15 @@ impl<K: Kind> Passing<K> {
     fn hand_over(self, kind: &K, sent_at: Instant) {
         let registered = self.turn.passed(self.lease, sent_at, self.passes);
         drop(self.turn);
-        self.claim
-            .handing_on(&registered.entry, registered.generation);
+        if self
+            .claim
+            .handing_on(&registered.entry, registered.generation)
+        {
+            // A force-unlock's message came while the pass was in flight (see
+            // `Queue::held_here`): checked now.
+            let holds = &kind.named().client.holds;
+            holds.doubt(registered.entry.clone(), registered.generation);
+        }
         tracing::trace!(lock = %kind.named().name(), owner = %self.field, "passed");
         let guard = Guard::new(
             kind.clone(),

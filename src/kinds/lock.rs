@@ -344,6 +344,16 @@ impl Lock {
         named.client.hub.passable(&self.inner.channel, &named.key)
     }
 
+    /// Whether an unlock message on this lock's channel reaches this client now: a waiter's
+    /// subscription is confirmed and the subscriber connection has not dropped since. For
+    /// tests and diagnostics; not part of the stable API.
+    #[cfg(feature = "test-hooks")]
+    #[doc(hidden)]
+    pub fn hears_unlocks(&self) -> bool {
+        let named = &self.inner.named;
+        named.client.hub.listening(&self.inner.channel, &named.key)
+    }
+
     /// Whether this client's releases of this lock are ordinary ones for now, because
     /// another client was found waiting on it. For tests and diagnostics; not part of the
     /// stable API.

@@ -144,6 +144,13 @@ impl Entry {
         }
     }
 
+    /// Whether Redis has not confirmed the hold of `generation` since `at` (an unlock message
+    /// heard then): its last acquire, renewal or check was sent before.
+    pub(crate) fn unconfirmed_since(&self, generation: u64, at: Instant) -> bool {
+        let state = self.state.lock();
+        state.generation == generation && state.confirmed_at < at
+    }
+
     /// Whether the hold of `generation` is held now: live, with guards.
     pub(crate) fn is_held(&self, generation: u64) -> bool {
         let state = self.state.lock();

@@ -86,8 +86,14 @@ impl Channel {
         }
     }
 
+    /// The subscription is confirmed, or no longer known live (the subscriber connection
+    /// dropped). The groups' baton queues follow: nothing is handed on in memory while an
+    /// unlock message could not arrive (invariant 16, docs/DESIGN.md).
     pub(super) fn set_confirmed(&self, confirmed: bool) {
         self.confirmed.store(confirmed, Ordering::Release);
+        for group in self.groups.lock().iter() {
+            group.batons.listening(confirmed);
+        }
         if confirmed {
             self.confirm.notify_waiters();
         }

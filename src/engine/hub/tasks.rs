@@ -128,10 +128,18 @@ pub(super) async fn dispatch_messages(
 }
 
 /// Sends (un)subscriptions in queue order; after a reconnect resubscribes and wakes everyone.
+/// An error on the subscriber connection (it dropped) makes every channel unconfirmed at once,
+/// long before the reconnection: messages published meanwhile are lost, a force-unlock's among
+/// them, so no hold is handed on in memory until the channel is confirmed again (invariant
+/// 16, docs/DESIGN.md), and the holds handed on are checked now.
 pub(super) async fn apply_ops(
     hub: Arc<Hub>,
     mut ops: mpsc::UnboundedReceiver<Op>,
     mut reconnects: tokio::sync::broadcast::Receiver<fred::types::config::Server>,
+    mut errors: tokio::sync::broadcast::Receiver<(
+        fred::error::Error,
+        Option<fred::types::config::Server>,
+    )>,
 ) {
     let mut retry_at: Option<tokio::time::Instant> = None;
     loop {
@@ -142,6 +150,19 @@ pub(super) async fn apply_ops(
             }
         };
         tokio::select! {
+            // First: an error comes before the reconnection that follows it.
+            biased;
+            error = errors.recv(), if !errors.is_closed() => {
+                if let Ok((e, _)) = &error {
+                    tracing::debug!(error = %e, "subscriber connection error: deaf until resubscribed");
+                }
+                hub.channels().iter().for_each(|c| {
+                    c.set_confirmed(false);
+                    c.doubt_handed(&hub.holds);
+                });
+                // Resubscribed when it reconnects; this, if no reconnection is reported.
+                retry_at = Some(tokio::time::Instant::now() + RESUBSCRIBE_RETRY);
+            }
             op = ops.recv() => {
                 let Some(op) = op else { break };
                 let mut batch = vec![op];
