@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds interop/java, the driver of the real Java Redisson that tests/redisson.rs, the mixed
+# Builds interop/java, the driver of the real Java Redisson that tests/redisson/, the mixed
 # soak and the compare bench run, once for each Redisson line the project tests: 4.7.0 (the
 # newest 4.x) and 3.52.0 (the last 3.x). Maven fetches Redisson and its dependencies from Maven
 # Central on the first run; a build is skipped while its sources and pom are unchanged (a stamp
