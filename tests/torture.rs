@@ -861,3 +861,55 @@ async fn torture(breaking: bool) {
     }
     operator_client.shutdown().await.unwrap();
 }
+
+/// A force-unlock published before this client listened on the lock's channel (none of its
+/// tasks waited there) goes unheard; a task that then waits finds the lock held in Redis —
+/// by whoever took it after the force, which its re-check cannot tell from this client's
+/// struck hold. The release of that hold must not hand it on in memory (invariant 16,
+/// docs/DESIGN.md): the subscription's confirmation counts as an unlock message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_force_unlock_before_the_client_listened_stops_the_hand_off() {
+    let server = RedisServer::start();
+    // No renewal or check comes in the test's time: only the release could learn the loss.
+    let client = Client::builder()
+        .url(server.url())
+        .watchdog_lease(Duration::from_secs(30))
+        .lease_check_interval(Duration::from_secs(20))
+        .connect()
+        .await
+        .unwrap();
+    let operator = Client::builder().url(server.url()).connect().await.unwrap();
+    let lock = client.lock("torture:unheard");
+    let held = lock.lock().await.unwrap();
+    // Nobody of the client waits: the force's message goes unheard here ...
+    assert!(operator
+        .lock("torture:unheard")
+        .force_unlock()
+        .await
+        .unwrap());
+    // ... and another client takes the lock.
+    let other = operator.lock("torture:unheard").try_lock().await.unwrap();
+    assert!(other.is_some(), "the operator takes the lock");
+    let waiter = {
+        let lock = lock.clone();
+        tokio::spawn(async move { lock.lock().await.unwrap() })
+    };
+    assert!(
+        support::eventually(Duration::from_secs(5), || async {
+            lock.passable_waiters() == 1
+        })
+        .await,
+        "the waiter parks"
+    );
+    let released = held.unlock().await;
+    let guard = tokio::time::timeout(Duration::from_millis(500), waiter).await;
+    let believed = matches!(&guard, Ok(Ok(g)) if !g.is_lost());
+    assert!(
+        !believed,
+        "release {released:?}; the waiter was handed a hold the force-unlock had ended \
+         ({guard:?}), while the operator holds the lock"
+    );
+    drop(other);
+    client.shutdown().await.unwrap();
+    operator.shutdown().await.unwrap();
+}

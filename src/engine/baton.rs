@@ -275,11 +275,13 @@ impl Queue {
     }
 
     /// The channel's subscription is confirmed (`true`), or no longer known live (the
-    /// subscriber connection dropped). Confirmed while this client holds the key, it counts
-    /// as an unlock message: one published before it went unheard. (A hold taken before the
-    /// key had waiters here is not noted: their re-check after subscribing asks Redis.)
+    /// subscriber connection dropped). Confirmed, it counts as an unlock message: one
+    /// published before went unheard, so a hold Redis has not confirmed since may have been
+    /// force-unlocked. That holds for a hold taken before the key had waiters here too: the
+    /// waiters' re-check after subscribing asks Redis, but "held" does not say by whom — it
+    /// may be whoever took the lock after the force.
     pub(crate) fn listening(&self, listening: bool) {
-        if listening && self.held.lock().is_some() {
+        if listening {
             *self.unlock_heard.lock() = Some(Instant::now());
         }
         self.listening.store(listening, Relaxed);

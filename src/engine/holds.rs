@@ -324,6 +324,29 @@ impl Holds {
         self.doubts.notify_one();
     }
 
+    /// Doubts every live hold of `key` (see [`doubt`](Holds::doubt)): its channel's
+    /// subscription was just confirmed, and an unlock message published before went unheard.
+    /// The check confirms the hold again, so hand-offs in memory go on after one round trip
+    /// in the background rather than a pass script on the release's path.
+    pub(crate) fn doubt_key(&self, key: &str) {
+        let entries: Vec<Arc<Entry>> = self
+            .map
+            .iter()
+            .filter(|slot| *slot.value().key == *key)
+            .map(|slot| slot.value().clone())
+            .collect();
+        for entry in entries {
+            let generation = {
+                let state = entry.state.lock();
+                if !(state.live(state.generation) && state.guards > 0) {
+                    continue;
+                }
+                state.generation
+            };
+            self.doubt(entry, generation);
+        }
+    }
+
     /// Resolves when holds are doubted (see [`doubt`](Holds::doubt)).
     pub(crate) async fn doubts(&self) {
         self.doubts.notified().await

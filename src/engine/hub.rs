@@ -233,6 +233,8 @@ impl Hub {
             slot.idle_since = None;
             slot.channel.clone()
         };
+        // A group made on a confirmed channel starts listening now (see `Queue::listening`).
+        let mut fresh = false;
         let group = {
             let mut groups = channel.groups.lock();
             let group = match groups.iter().find(|g| g.key == *key) {
@@ -248,6 +250,7 @@ impl Hub {
                     // Under the groups' lock, as confirmations reach the groups (see
                     // `Channel::set_confirmed`).
                     group.batons.listening(channel.is_confirmed());
+                    fresh = channel.is_confirmed();
                     groups.push(group.clone());
                     group
                 }
@@ -255,6 +258,9 @@ impl Hub {
             group.wakes.join();
             group
         };
+        if fresh {
+            self.holds.doubt_key(key);
+        }
         Subscription {
             hub: self.clone(),
             channel,

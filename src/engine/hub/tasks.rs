@@ -9,6 +9,7 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use super::channel::Channel;
 use super::{Hub, Op, LINGER};
 
 /// Drops the subscriptions that lingered [`LINGER`] without a waiter; sleeps while there are
@@ -223,7 +224,7 @@ pub(super) async fn apply_batch(hub: &Hub, batch: Vec<Op>) {
         return;
     }
     match hub.subscriber.barrier().await {
-        Ok(()) => subscribed.iter().for_each(|c| c.set_confirmed(true)),
+        Ok(()) => subscribed.iter().for_each(|c| now_confirmed(hub, c)),
         Err(e) => {
             // Without the barrier nothing proves the subscriptions live; a refused one
             // (an ACL without PING) is reported, not left to poll.
@@ -234,6 +235,22 @@ pub(super) async fn apply_batch(hub: &Hub, batch: Vec<Op>) {
                 tracing::warn!(error = %e, "subscription barrier failed");
             }
         }
+    }
+}
+
+/// `channel`'s subscription is confirmed: its unlock messages are heard from now on, and
+/// this client's holds of its keys, which one published before may have ended unheard, are
+/// checked at once (invariant 16, docs/DESIGN.md).
+fn now_confirmed(hub: &Hub, channel: &Channel) {
+    channel.set_confirmed(true);
+    let keys: Vec<_> = channel
+        .groups
+        .lock()
+        .iter()
+        .map(|g| g.key.clone())
+        .collect();
+    for key in keys {
+        hub.holds.doubt_key(&key);
     }
 }
 
@@ -253,7 +270,7 @@ pub(super) async fn resubscribe(hub: &Hub) -> bool {
             Err(e) => Err(e),
         };
         match result {
-            Ok(()) => channels.iter().for_each(|c| c.set_confirmed(true)),
+            Ok(()) => channels.iter().for_each(|c| now_confirmed(hub, c)),
             Err(e) => {
                 if !channels
                     .iter()
