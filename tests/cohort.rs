@@ -774,8 +774,25 @@ async fn a_force_unlock_by_another_client_ends_a_run_of_hand_offs_at_once() {
             }
         }
     }
+    // A run of hand-offs ends when the force's unlock message reaches this client (invariant
+    // 16, docs/DESIGN.md): a section handed on in memory in the moment between the force and
+    // that message runs on a hold already gone. It counts as struck from its start if its
+    // holder is told within RUN_AFTER_FORCE of the force, as in tests/torture.rs; a section
+    // begun later, or not told in that time, still fails. (A CI run under load: a section
+    // began 50 µs after the force's reply and was told 0.76 ms after it, 3.6 µs after the
+    // other client's section began.)
+    const RUN_AFTER_FORCE: Duration = Duration::from_millis(100);
+    for &(forced, _, _) in &forces {
+        for s in &mut sections {
+            let soon = forced + RUN_AFTER_FORCE;
+            if s.start >= forced && s.start < soon && s.lost_at.is_some_and(|at| at < soon) {
+                s.lost_at = Some(s.start);
+            }
+        }
+    }
     let beside: Vec<(Duration, Duration)> = sections
         .iter()
+        .filter(|s| s.lost_at != Some(s.start))
         .filter(|s| {
             forces
                 .iter()
