@@ -325,37 +325,46 @@ async fn attempt<K: Kind>(
                 undo_acquire(conn.clone(), turn, ops, field, named.name().to_owned()).await;
                 return Ok(Try::Busy(0));
             }
+            // Where this client's waiters of the key queue, if any do or did lately: asked
+            // whether an unlock message came meanwhile, and told of the hold.
+            let channel = K::PASSES.then(|| kind.channel(&field).0);
+            let batons = || {
+                let channel = channel.as_deref()?;
+                client.hub.batons(channel, &named.key)
+            };
+            let mut queue = batons();
             let mut confirmed = None;
-            if K::PASSES && count <= 1 {
-                let (channel, _) = kind.channel(&field);
-                if client.hub.heard_since(&channel, &named.key, sent_at) {
-                    // An unlock message came while this acquire was in flight, when no hold of
-                    // it was registered to doubt: a force-unlock may have ended it already.
-                    // Redis is asked before the guard is given (invariants 8 and 16,
-                    // docs/DESIGN.md); a hold found gone is tried for again.
-                    let asked_at = Instant::now();
-                    match still_held(conn, &ops, &named.key, &field).await {
-                        Some(false) => {
-                            tracing::debug!(lock = %named.name(), "acquired, but gone by the reply's time (an unlock message came meanwhile); trying again");
-                            turn.note_count(count);
-                            return Ok(Try::Busy(0));
-                        }
-                        Some(true) => confirmed = Some(asked_at),
-                        // Not learnt: registered, and doubted as it is (see `Hub::held_here`).
-                        None => {}
+            if count <= 1
+                && queue
+                    .as_ref()
+                    .is_some_and(|queue| queue.heard_since(sent_at))
+            {
+                // An unlock message came while this acquire was in flight, when no hold of
+                // it was registered to doubt: a force-unlock may have ended it already.
+                // Redis is asked before the guard is given (invariants 8 and 16,
+                // docs/DESIGN.md); a hold found gone is tried for again.
+                let asked_at = Instant::now();
+                match still_held(conn, &ops, &named.key, &field).await {
+                    Some(false) => {
+                        tracing::debug!(lock = %named.name(), "acquired, but gone by the reply's time (an unlock message came meanwhile); trying again");
+                        turn.note_count(count);
+                        return Ok(Try::Busy(0));
                     }
+                    Some(true) => confirmed = Some(asked_at),
+                    // Not learnt: registered, and doubted as it is (see `Queue::held_here`).
+                    None => {}
                 }
+                // The queue may have gone or come during the read.
+                queue = batons();
             }
             let registered = turn.acquired(count, lease, sent_at);
             if let Some(at) = confirmed {
                 registered.entry.checked(registered.generation, at);
             }
-            if K::PASSES {
-                let (channel, _) = kind.channel(&field);
-                let (entry, generation) = (&registered.entry, registered.generation);
-                client
-                    .hub
-                    .held_here(&channel, &named.key, entry, generation);
+            if let Some(queue) = queue {
+                // Noted so that this client's other owners queue behind it without asking
+                // Redis (and doubted if an unlock message came since Redis confirmed it).
+                queue.held_here(&registered.entry, registered.generation, &client.holds);
             }
             if count > i64::from(turn.accounted()) && turn.entry().is_own() {
                 // Redis counts holds of this owner that no guard accounts for: a hold whose

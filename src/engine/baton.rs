@@ -89,7 +89,7 @@ use tokio::time::Instant;
 
 pub(crate) mod queue_state;
 
-use crate::engine::holds::Entry;
+use crate::engine::holds::{Entry, Holds};
 pub(crate) use queue_state::Baton;
 use queue_state::Entries;
 
@@ -190,15 +190,17 @@ impl Queue {
         self.entries.lock().parked()
     }
 
-    /// This client holds the key now through the hold (`entry`, `generation`). Returns
-    /// whether an unlock message came since Redis last confirmed that hold: an acquire (or
-    /// pass) that ran before a force-unlock may be registered after its message was heard,
-    /// when that message's doubt found no hold to check (see
-    /// [`Holds::doubt`](crate::engine::holds::Holds::doubt)): the caller doubts it then.
-    pub(crate) fn held_here(&self, entry: &Arc<Entry>, generation: u64) -> bool {
+    /// This client holds the key now through the hold (`entry`, `generation`). If an unlock
+    /// message came since Redis last confirmed that hold, it is doubted in `holds` (checked
+    /// at once): an acquire (or pass) that ran before a force-unlock may be registered after
+    /// its message was heard, when that message's doubt found no hold to check (see
+    /// [`Holds::doubt`]).
+    pub(crate) fn held_here(&self, entry: &Arc<Entry>, generation: u64, holds: &Holds) {
         *self.held.lock() = Some((entry.clone(), generation));
         let heard = *self.unlock_heard.lock();
-        heard.is_some_and(|heard| entry.unconfirmed_since(generation, heard))
+        if heard.is_some_and(|heard| entry.unconfirmed_since(generation, heard)) {
+            holds.doubt(entry.clone(), generation);
+        }
     }
 
     /// Another client waits (a count of the channel's subscribers found one): the next few
@@ -375,11 +377,10 @@ impl Claim {
         self.queue.listening.load(Relaxed)
     }
 
-    /// Notes the hold (`entry`, `generation`) handed on to the claimed waiter. Returns
-    /// whether it is to be doubted (see [`Queue::held_here`]).
-    #[must_use]
-    pub(crate) fn handing_on(&self, entry: &Arc<Entry>, generation: u64) -> bool {
-        self.queue.held_here(entry, generation)
+    /// Notes the hold (`entry`, `generation`) handed on to the claimed waiter (see
+    /// [`Queue::held_here`]).
+    pub(crate) fn handing_on(&self, entry: &Arc<Entry>, generation: u64, holds: &Holds) {
+        self.queue.held_here(entry, generation, holds);
     }
 
     /// Hands the passed lock's guard over. Returns it if the waiter has left meanwhile: the

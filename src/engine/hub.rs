@@ -34,7 +34,7 @@ use tokio::time::Instant;
 
 use crate::conn::Subscriber;
 use crate::engine::baton::{Claim, LocalTurn, Queue};
-use crate::engine::holds::{Entry, Holds};
+use crate::engine::holds::Holds;
 mod channel;
 mod tasks;
 pub(crate) mod wake_state;
@@ -283,24 +283,13 @@ impl Hub {
             .map(|slot| (slot.channel.clone(), slot.channel.delivered()))
     }
 
-    /// The baton queue of `key`'s waiters on channel `name`, if any wait here.
-    fn batons(&self, name: &str, key: &str) -> Option<Arc<Queue>> {
+    /// The baton queue of `key`'s waiters on channel `name`, if any wait (or waited lately)
+    /// here.
+    pub(crate) fn batons(&self, name: &str, key: &str) -> Option<Arc<Queue>> {
         let channel = self.channels.get(name)?.channel.clone();
         let groups = channel.groups.lock();
         let group = groups.iter().find(|g| *g.key == *key)?;
         Some(group.batons.clone())
-    }
-
-    /// This client holds `key` (channel `name`) now through the hold (`entry`, `generation`):
-    /// noted where its waiters queue, if any do or did lately, so that its other owners'
-    /// acquires queue behind it without asking Redis.
-    pub(crate) fn held_here(&self, name: &str, key: &str, entry: &Arc<Entry>, generation: u64) {
-        if let Some(batons) = self.batons(name, key) {
-            if batons.held_here(entry, generation) {
-                // Registered after an unlock message that may have ended it: checked now.
-                self.holds.doubt(entry.clone(), generation);
-            }
-        }
     }
 
     /// Claims the first parked waiter of `key` on channel `name` that can be passed the
@@ -313,13 +302,6 @@ impl Hub {
     /// How many waiters of `key` on channel `name` a release could pass the lock to now.
     pub(crate) fn passable(&self, name: &str, key: &str) -> usize {
         self.batons(name, key).map_or(0, |batons| batons.parked())
-    }
-
-    /// Whether an unlock message on channel `name` came after `at`, where waiters of `key`
-    /// queue.
-    pub(crate) fn heard_since(&self, name: &str, key: &str, at: Instant) -> bool {
-        self.batons(name, key)
-            .is_some_and(|batons| batons.heard_since(at))
     }
 
     #[cfg(any(test, feature = "test-hooks"))]

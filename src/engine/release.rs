@@ -274,11 +274,8 @@ fn hand_on<K: Kind>(kind: &K, hold: &Hold, turn: &Turn, claim: Claim, extra: K::
             }
         });
     }
-    if claim.handing_on(&registered.entry, registered.generation) {
-        // A message came since the check above: checked now, as the message would have.
-        let holds = &kind.named().client.holds;
-        holds.doubt(registered.entry.clone(), registered.generation);
-    }
+    let holds = &kind.named().client.holds;
+    claim.handing_on(&registered.entry, registered.generation, holds);
     tracing::trace!(lock = %kind.named().name(), owner = %hold.field, "handed on locally");
     let guard = Guard::new(
         kind.clone(),
@@ -343,15 +340,10 @@ impl<K: Kind> Passing<K> {
     fn hand_over(self, kind: &K, sent_at: Instant) {
         let registered = self.turn.passed(self.lease, sent_at, self.passes);
         drop(self.turn);
-        if self
-            .claim
-            .handing_on(&registered.entry, registered.generation)
-        {
-            // A force-unlock's message came while the pass was in flight (see
-            // `Queue::held_here`): checked now.
-            let holds = &kind.named().client.holds;
-            holds.doubt(registered.entry.clone(), registered.generation);
-        }
+        // Doubted if a force-unlock's message came while the pass was in flight.
+        let holds = &kind.named().client.holds;
+        self.claim
+            .handing_on(&registered.entry, registered.generation, holds);
         tracing::trace!(lock = %kind.named().name(), owner = %self.field, "passed");
         let guard = Guard::new(
             kind.clone(),
