@@ -679,7 +679,10 @@ async fn no_hand_off_in_memory_while_the_subscriber_is_down() {
     // Another task of the client parks on it: the release would hand it the hold in memory.
     let waiter = waiter();
     assert!(parked().await, "the second waiter parks");
-    assert!(lock.hears_unlocks());
+    assert!(
+        support::eventually(Duration::from_secs(5), || async { lock.hears_unlocks() }).await,
+        "the client listens on the lock's channel"
+    );
     // The subscriber connection drops (fred reconnects it after 50 ms at the earliest): the
     // client knows at once ...
     support::kill_pubsub_connections(&raw).await;
