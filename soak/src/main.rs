@@ -48,7 +48,9 @@
 //! - a fresh acquire counts exactly one hold in Redis (sampled): a higher count is a hold
 //!   nobody knows about, left by a script that ran although its caller saw an error;
 //! - every task finishes, and no hold outlives its lease once every task released;
-//! - a force-unlock breaks only what it struck: the section running across it and the rest of
+//! - a force-unlock breaks only what it struck: the section running across it (or ending
+//!   after it with its release finding the hold gone — a Java holder whose acquire's reply
+//!   came after the force's, as Redisson reads nothing after that reply) and the rest of
 //!   that hold's run of hand-offs in memory (the same owner field, within `RUN_AFTER_FORCE`
 //!   of the force) count as lost from the force on; every other section must exclude the
 //!   operator's as any other;

@@ -221,8 +221,7 @@ impl std::str::FromStr for Record {
     fn from_str(line: &str) -> Result<Self, Self::Err> {
         let bad = || format!("bad history line {line:?}");
         let f: Vec<&str> = line.split(' ').collect();
-        // A Java worker writes the first 12 columns: no owner, nothing found gone.
-        if f.len() != 12 && f.len() != 14 {
+        if f.len() != 14 {
             return Err(bad());
         }
         let num = |i: usize| f[i].parse::<i64>().map_err(|_| bad());
@@ -246,8 +245,8 @@ impl std::str::FromStr for Record {
             proxied: f[9] == "1",
             worker: unsigned(10)? as usize,
             task: unsigned(11)? as usize,
-            owner: f.get(12).map_or("-", |o| o).to_owned(),
-            gone: f.get(13) == Some(&"1"),
+            owner: f[12].to_owned(),
+            gone: f[13] == "1",
         })
     }
 }
@@ -275,10 +274,14 @@ mod tests {
             gone: true,
         };
         assert_eq!(r.to_string().parse::<Record>(), Ok(r.clone()));
-        let java = "2 5 9 -1 8 R 44 3 reentrant:fw 1 1 7"
+        let java = "2 5 9 -1 8 R 44 3 java:lock:lock 1 3 7 - 1"
             .parse::<Record>()
             .unwrap();
-        assert_eq!((java.owner.as_str(), java.gone), ("-", false));
+        assert_eq!((java.owner.as_str(), java.gone), ("-", true));
+        // The release's columns are not optional: a line without them is refused.
+        assert!("2 5 9 -1 8 R 44 3 java:lock:lock 1 3 7"
+            .parse::<Record>()
+            .is_err());
         let told_nothing = Record { lost_ns: None, ..r };
         assert_eq!(told_nothing.to_string().parse::<Record>(), Ok(told_nothing));
         assert!("1 2 3".parse::<Record>().is_err());

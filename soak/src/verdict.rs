@@ -783,6 +783,23 @@ mod tests {
     }
 
     #[test]
+    fn a_java_hold_whose_reply_came_after_the_force_is_struck_when_its_release_found_it_gone() {
+        let ms = 1_000_000;
+        // A Java acquire sent before the force ran in Redis first; its reply (and so its
+        // section) came after the force's: Redisson reads nothing more, its release learns.
+        let java = |gone| Record {
+            gone,
+            ..section(106 * ms, 112 * ms, "-")
+        };
+        let mut records = [java(true), section(107 * ms, 130 * ms, "op:1")];
+        assert_eq!(strike(&mut records, &[forced(104 * ms, 105 * ms)]), 1);
+        assert_eq!(records[0].lost_ns, Some(106 * ms));
+        // Its release found the hold its own: a hold taken after the force, not struck.
+        let mut records = [java(false), section(107 * ms, 130 * ms, "op:1")];
+        assert_eq!(strike(&mut records, &[forced(104 * ms, 105 * ms)]), 0);
+    }
+
+    #[test]
     fn an_overlap_no_force_explains_is_still_one() {
         let ms = 1_000_000;
         let mut records = [

@@ -225,15 +225,21 @@ final class Soak {
                 long validUntil = leased
                         ? called + TimeUnit.MILLISECONDS.toNanos(lease - (lease / 100 + 2))
                         : Long.MAX_VALUE;
-                section(name, label, called, validUntil);
+                String line = section(name, label, called, validUntil);
+                boolean gone = false;
                 try {
                     release.release();
                 } catch (IllegalMonitorStateException e) {
+                    // A force-unlock may strike a hold whose acquire's reply was still on its
+                    // way: Redisson reads nothing after it, so this is where the holder learns.
+                    gone = true;
                     counters.add(System.nanoTime() > validUntil ? "unlock: lost" : "unlock: found the lock gone (not yet known lost)");
                 } catch (Exception e) {
                     counters.add("unlock error: java " + e.getClass().getSimpleName());
                     log(label + " unlock failed: " + e);
                 }
+                // The owner field is not known here ("-"); then whether the release found the hold gone.
+                history.add(line + " - " + (gone ? 1 : 0));
             }
         }
 
@@ -278,7 +284,8 @@ final class Soak {
         }
 
         /** The critical section, recorded in the soak's history format. */
-        private void section(Name name, String label, long called, long validUntil) {
+        /** Runs a section under the hold; returns its history line but for the release's columns. */
+        private String section(Name name, String label, long called, long validUntil) {
             long hold = pickHold();
             long start = System.nanoTime();
             List<String> keys = Arrays.asList("soak:fence:" + name.name(), "soak:counter:" + name.name());
@@ -313,9 +320,9 @@ final class Soak {
                 valid.incrementAndGet();
             }
             // name start end fence lost write newest wait op proxied worker task
-            history.add(name.index() + " " + start + " " + end + " " + (fence == null ? -1 : fence) + " " + lost
+            return name.index() + " " + start + " " + end + " " + (fence == null ? -1 : fence) + " " + lost
                     + " " + write + " " + newest + " " + (start - called) + " " + label + " "
-                    + (proxied ? 1 : 0) + " " + id + " " + task);
+                    + (proxied ? 1 : 0) + " " + id + " " + task;
         }
 
         /** A line in the worker's log (stderr), stamped with the soak's clock. */
