@@ -36,10 +36,12 @@ pub(crate) async fn release<K: Kind>(kind: K, hold: Hold, extra: K::Extra) -> Re
     };
     let (passing, call) = match route(&kind, &hold, &turn, extra).await {
         Route::HandedInMemory => {
+            // No yield, unlike after a pass: a releaser coming straight back for the lock is
+            // refused in memory, sends nothing that could push the woken holder out of this
+            // worker's next slot, and must queue before that holder releases — or the run
+            // ends at its first hand-off, two tasks taking turns paying a release and an
+            // acquire in Redis per turn.
             drop(turn);
-            // As after a pass: let the woken holder run before whatever the releaser does
-            // next pushes it out of this worker's next slot.
-            tokio::task::yield_now().await;
             return Ok(());
         }
         Route::Lost => return Err(lost(&kind, &ops, turn)),
