@@ -96,6 +96,42 @@ async fn a_release_hands_the_hold_to_a_parked_task_in_memory_under_the_same_fiel
     client.shutdown().await.unwrap();
 }
 
+/// One hold of `lock` released while a task of the same client is parked on it: handed on in
+/// memory (nothing deleted, nothing published), then released.
+async fn handed_on_in_memory(lock: &Lock, raw: &fred::clients::Client) {
+    let deletes = || async {
+        let calls = command_calls(raw).await;
+        let of = |name: &str| calls.get(name).copied().unwrap_or(0);
+        (of("del"), of("publish"))
+    };
+    let held = lock.lock().await.unwrap();
+    let next = waiter(lock);
+    parked(lock, 1).await;
+    let before = deletes().await;
+    held.unlock().await.unwrap();
+    let guard = joined(next).await;
+    assert_eq!(deletes().await, before, "handed on in memory");
+    guard.unlock().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_hand_off_in_memory_works_again_once_the_channels_subscription_lingered_out() {
+    // The hub skips its look-ups while it lists no channel: a channel dropped after lingering
+    // and subscribed again must be found again, for the hand-off as before.
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let client = client(&server, 8).await;
+    let lock = client.lock("cohort:again");
+    handed_on_in_memory(&lock, &raw).await;
+    assert!(
+        eventually(BOUND, || async { numsub(&raw, lock.channel()).await == 0 }).await,
+        "the channel's subscription never lingered out"
+    );
+    handed_on_in_memory(&lock, &raw).await;
+    assert!(!lock.is_locked().await.unwrap());
+    client.shutdown().await.unwrap();
+}
+
 #[tokio::test]
 async fn a_fixed_lease_shorter_than_what_is_left_is_handed_on_and_ends_with_its_guard() {
     let server = RedisServer::start();

@@ -22,7 +22,7 @@
 //! may have been lost: the hub then bumps its *generation* and every waiter re-checks.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -70,6 +70,11 @@ pub(crate) struct Hub {
     /// Hashed with foldhash (seeded per process): every release of a lock looks its channel
     /// up here for a parked waiter to pass it to.
     channels: DashMap<Arc<str>, Slot, foldhash::fast::RandomState>,
+    /// How many channels `channels` holds, or one more for an instant: counted up before an
+    /// insert and down after a removal, so a look-up that finds 0 need not hash the name —
+    /// while nobody waits in the process, a lock+unlock looks nothing up (it would be four
+    /// look-ups of an empty map).
+    listed: AtomicUsize,
     ops: mpsc::UnboundedSender<Op>,
     /// Bumped whenever every waiter must re-check (reconnect, lag, shutdown); `rechecks`
     /// then wakes the parked ones. A counter and a `Notify` rather than a `watch` channel: a
@@ -184,6 +189,7 @@ impl Hub {
             subscriber,
             holds,
             channels: DashMap::with_hasher(Default::default()),
+            listed: AtomicUsize::new(0),
             ops,
             generation: AtomicU64::new(0),
             rechecks: Notify::new(),
@@ -213,6 +219,7 @@ impl Hub {
     ) -> Subscription {
         let channel = {
             let mut slot = self.channels.entry(name.clone()).or_insert_with(|| {
+                self.listed.fetch_add(1, Ordering::Relaxed);
                 let channel = Arc::new(Channel {
                     name: name.clone(),
                     wake,
@@ -277,16 +284,23 @@ impl Hub {
     /// went only to the groups then registered — another key's, when two names share the
     /// channel (`x` and `{x}`) — so that waiter must re-check.
     pub(crate) fn confirmed_channel(&self, name: &str) -> Option<(Arc<Channel>, u32)> {
-        self.channels
-            .get(name)
+        self.slot(name)
             .filter(|slot| slot.channel.is_confirmed())
             .map(|slot| (slot.channel.clone(), slot.channel.delivered()))
+    }
+
+    /// Channel `name`'s entry, if it has one.
+    fn slot(&self, name: &str) -> Option<dashmap::mapref::one::Ref<'_, Arc<str>, Slot>> {
+        if self.listed.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        self.channels.get(name)
     }
 
     /// The baton queue of `key`'s waiters on channel `name`, if any wait (or waited lately)
     /// here.
     pub(crate) fn batons(&self, name: &str, key: &str) -> Option<Arc<Queue>> {
-        let channel = self.channels.get(name)?.channel.clone();
+        let channel = self.slot(name)?.channel.clone();
         let groups = channel.groups.lock();
         let group = groups.iter().find(|g| *g.key == *key)?;
         Some(group.batons.clone())

@@ -46,6 +46,9 @@ pub(super) async fn drop_idle(hub: Arc<Hub>) {
                     }
                     expired
                 });
+                if removed.is_some() {
+                    hub.listed.fetch_sub(1, Ordering::Relaxed);
+                }
                 drop(removed);
             }
             if !lingering {
