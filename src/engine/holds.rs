@@ -329,12 +329,7 @@ impl Holds {
     /// The check confirms the hold again, so hand-offs in memory go on after one round trip
     /// in the background rather than a pass script on the release's path.
     pub(crate) fn doubt_key(&self, key: &str) {
-        let entries: Vec<Arc<Entry>> = self
-            .map
-            .iter()
-            .filter(|slot| *slot.value().key == *key)
-            .map(|slot| slot.value().clone())
-            .collect();
+        let entries: Vec<Arc<Entry>> = self.of_key(key).collect();
         for entry in entries {
             let generation = {
                 let state = entry.state.lock();
@@ -369,13 +364,12 @@ impl Holds {
     /// each field a kind makes of it), if this client has any, are never handed on in memory.
     /// A scan of the registry: an owner is read from a lock handle rarely.
     pub(crate) fn give_out(&self, key: &str, owner: &str) {
-        for slot in self.map.iter() {
-            let entry = slot.value();
+        for entry in self.of_key(key) {
             let of_owner = entry
                 .field
                 .strip_prefix(owner)
                 .is_some_and(|rest| rest.is_empty() || rest.starts_with(':'));
-            if *entry.key == *key && of_owner {
+            if of_owner {
                 let generation = entry.state.lock().generation;
                 entry.give_out(generation);
             }
@@ -387,14 +381,19 @@ impl Holds {
     /// stays off the paths that do not wait.
     pub(crate) fn held_here(&self, key: &str) -> bool {
         let here = Holder::current();
-        self.map.iter().any(|slot| {
-            let entry = slot.value();
-            if *entry.key != *key {
-                return false;
-            }
+        self.of_key(key).any(|entry| {
             let state = entry.state.lock();
             state.guards > 0 && state.lost.is_none() && state.holder == Some(here)
         })
+    }
+
+    /// The registered holds of `key`, one per field: a scan of the whole registry, for the
+    /// paths that wait or give an owner out, never for an acquire or a release.
+    fn of_key<'a>(&'a self, key: &'a str) -> impl Iterator<Item = Arc<Entry>> + 'a {
+        self.map
+            .iter()
+            .filter(move |slot| *slot.value().key == *key)
+            .map(|slot| slot.value().clone())
     }
 
     /// Every entry with registered guards of a live generation, with what renewal sends:

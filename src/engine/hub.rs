@@ -256,8 +256,8 @@ impl Hub {
                     });
                     // Under the groups' lock, as confirmations reach the groups (see
                     // `Channel::set_confirmed`).
-                    group.batons.listening(channel.is_confirmed());
                     fresh = channel.is_confirmed();
+                    group.batons.listening(fresh);
                     groups.push(group.clone());
                     group
                 }
