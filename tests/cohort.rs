@@ -99,11 +99,7 @@ async fn a_release_hands_the_hold_to_a_parked_task_in_memory_under_the_same_fiel
 /// One hold of `lock` released while a task of the same client is parked on it: handed on in
 /// memory (nothing deleted, nothing published), then released.
 async fn handed_on_in_memory(lock: &Lock, raw: &fred::clients::Client) {
-    let deletes = || async {
-        let calls = command_calls(raw).await;
-        let of = |name: &str| calls.get(name).copied().unwrap_or(0);
-        (of("del"), of("publish"))
-    };
+    let deletes = || async { (calls(raw, "del").await, calls(raw, "publish").await) };
     let held = lock.lock().await.unwrap();
     let next = waiter(lock);
     parked(lock, 1).await;

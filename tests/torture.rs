@@ -27,6 +27,7 @@ use fred::prelude::*;
 use history::{check_history, judge_history, told_ago, watch_lost, Section};
 use parking_lot::Mutex;
 use redbaton::{Client, Error, LockGuard};
+use support::passing::parked;
 use support::{command, RedisServer};
 use tokio::time::Instant;
 
@@ -561,6 +562,16 @@ async fn mutual_exclusion_holds_with_force_unlocks_and_stale_identities() {
     torture(true).await
 }
 
+/// A client that learns no loss of a hold within a test's time but from an unlock message
+/// or its own release: no renewal (a 30 s watchdog lease) and no check (every 20 s) comes
+/// meanwhile.
+fn unchecked_client(url: impl Into<String>) -> redbaton::Builder {
+    Client::builder()
+        .url(url)
+        .watchdog_lease(Duration::from_secs(30))
+        .lease_check_interval(Duration::from_secs(20))
+}
+
 /// A force-unlock that ends a hold whose acquire ran just before it, while the acquire's reply
 /// is still on its way: the force's unlock message comes first, when there is no hold yet to
 /// doubt. The waiter must not be given that hold as if it were held: what it gets, Redis has
@@ -573,11 +584,8 @@ async fn a_hold_whose_reply_comes_after_a_force_unlocks_message_is_not_given_as_
     let server = RedisServer::start();
     let raw = server.raw().await;
     let proxy = support::proxy::Proxy::start(server.port).await;
-    // No renewal or check comes in the test's time: only the message can tell.
-    let client = Client::builder()
-        .url(proxy.url())
-        .watchdog_lease(Duration::from_secs(30))
-        .lease_check_interval(Duration::from_secs(20))
+    // Only the message can tell.
+    let client = unchecked_client(proxy.url())
         .command_timeout(Duration::from_secs(10))
         .connect()
         .await
@@ -591,13 +599,7 @@ async fn a_hold_whose_reply_comes_after_a_force_unlocks_message_is_not_given_as_
         let lock = lock.clone();
         async move { lock.lock().await.unwrap() }
     });
-    assert!(
-        support::eventually(Duration::from_secs(10), || async {
-            lock.passable_waiters() == 1
-        })
-        .await,
-        "the waiter parks"
-    );
+    parked(&lock, 1).await;
     // The lock is released: the waiter's acquire runs, its reply held back by the proxy ...
     proxy.set(support::proxy::Mode::CommandRepliesHeld);
     other.unlock().await.unwrap();
@@ -649,22 +651,10 @@ async fn a_hold_whose_reply_comes_after_a_force_unlocks_message_is_not_given_as_
 async fn no_hand_off_in_memory_while_the_subscriber_is_down() {
     let server = RedisServer::start();
     let raw = server.raw().await;
-    // No renewal or check comes in the test's time: only the release could learn the loss.
-    let client = Client::builder()
-        .url(server.url())
-        .watchdog_lease(Duration::from_secs(30))
-        .lease_check_interval(Duration::from_secs(20))
-        .connect()
-        .await
-        .unwrap();
+    // Only the release could learn the loss.
+    let client = unchecked_client(server.url()).connect().await.unwrap();
     let operator = Client::builder().url(server.url()).connect().await.unwrap();
     let lock = client.lock("torture:deaf");
-    let parked = || async {
-        support::eventually(Duration::from_secs(5), || async {
-            lock.passable_waiters() == 1
-        })
-        .await
-    };
     let waiter = || {
         let lock = lock.clone();
         tokio::spawn(async move { lock.lock().await.unwrap() })
@@ -673,12 +663,12 @@ async fn no_hand_off_in_memory_while_the_subscriber_is_down() {
     // lock's channel: passed to a parked task of the client.
     let first = lock.lock().await.unwrap();
     let next = waiter();
-    assert!(parked().await, "the first waiter parks");
+    parked(&lock, 1).await;
     first.unlock().await.unwrap();
     let held = next.await.unwrap();
     // Another task of the client parks on it: the release would hand it the hold in memory.
     let waiter = waiter();
-    assert!(parked().await, "the second waiter parks");
+    parked(&lock, 1).await;
     assert!(
         support::eventually(Duration::from_secs(5), || async { lock.hears_unlocks() }).await,
         "the client listens on the lock's channel"
@@ -873,14 +863,8 @@ async fn torture(breaking: bool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_force_unlock_before_the_client_listened_stops_the_hand_off() {
     let server = RedisServer::start();
-    // No renewal or check comes in the test's time: only the release could learn the loss.
-    let client = Client::builder()
-        .url(server.url())
-        .watchdog_lease(Duration::from_secs(30))
-        .lease_check_interval(Duration::from_secs(20))
-        .connect()
-        .await
-        .unwrap();
+    // Only the release could learn the loss.
+    let client = unchecked_client(server.url()).connect().await.unwrap();
     let operator = Client::builder().url(server.url()).connect().await.unwrap();
     let lock = client.lock("torture:unheard");
     let held = lock.lock().await.unwrap();
@@ -897,13 +881,7 @@ async fn a_force_unlock_before_the_client_listened_stops_the_hand_off() {
         let lock = lock.clone();
         tokio::spawn(async move { lock.lock().await.unwrap() })
     };
-    assert!(
-        support::eventually(Duration::from_secs(5), || async {
-            lock.passable_waiters() == 1
-        })
-        .await,
-        "the waiter parks"
-    );
+    parked(&lock, 1).await;
     let released = held.unlock().await;
     let guard = tokio::time::timeout(Duration::from_millis(500), waiter).await;
     let believed = matches!(&guard, Ok(Ok(g)) if !g.is_lost());
