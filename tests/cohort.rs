@@ -912,6 +912,47 @@ async fn two_tasks_taking_turns_with_no_hold_time_stay_in_memory() {
     client.shutdown().await.unwrap();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn futures_joined_in_one_task_take_turns_exclusively_and_in_memory() {
+    // Three acquisition loops joined in one task — one waker for all — contend as three
+    // tasks would: each section excludes the others across its await, and the hold goes
+    // from one future to the next in memory.
+    const TURNS: usize = 100;
+    let server = RedisServer::start();
+    let raw = server.raw().await;
+    let client = client(&server, 64).await;
+    let lock = client.lock("cohort:joined");
+    warmed(&lock).await;
+    let before = support::script_calls(&raw).await;
+    let inside = std::sync::atomic::AtomicUsize::new(0);
+    let turns = || async {
+        for _ in 0..TURNS {
+            let guard = lock.lock().await.unwrap();
+            assert_eq!(
+                inside.fetch_add(1, Ordering::SeqCst),
+                0,
+                "two sections at once"
+            );
+            tokio::task::yield_now().await;
+            inside.fetch_sub(1, Ordering::SeqCst);
+            guard.unlock().await.unwrap();
+        }
+    };
+    tokio::time::timeout(BOUND, async { tokio::join!(turns(), turns(), turns()) })
+        .await
+        .expect("the joined loops finish");
+    let scripts = support::script_calls(&raw).await - before;
+    let acquisitions = 3 * TURNS as u64;
+    assert!(
+        scripts * 4 <= acquisitions,
+        "{scripts} scripts for {acquisitions} acquisitions: the hold did not go on in memory"
+    );
+    assert!(support::still_held(&raw, vec!["cohort:joined".into()])
+        .await
+        .is_empty());
+    client.shutdown().await.unwrap();
+}
+
 #[tokio::test]
 async fn new_owners_arriving_together_ask_redis_once_and_queue_in_memory_behind_it() {
     // Eight tasks of one client arrive at a free lock at once. One acquire goes to Redis; the
