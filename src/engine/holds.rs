@@ -324,12 +324,12 @@ impl Holds {
         self.doubts.notify_one();
     }
 
-    /// Doubts every live hold of `key` (see [`doubt`](Holds::doubt)): its channel's
-    /// subscription was just confirmed, and an unlock message published before went unheard.
-    /// The check confirms the hold again, so hand-offs in memory go on after one round trip
-    /// in the background rather than a pass script on the release's path.
-    pub(crate) fn doubt_key(&self, key: &str) {
-        let entries: Vec<Arc<Entry>> = self.of_key(key).collect();
+    /// Doubts every live hold of the keys `of` picks (see [`doubt`](Holds::doubt)): their
+    /// channels' subscriptions were just confirmed, and an unlock message published before
+    /// went unheard. The check confirms a hold again, so hand-offs in memory go on after one
+    /// round trip in the background rather than a pass script on the release's path.
+    pub(crate) fn doubt_keys(&self, of: impl Fn(&str) -> bool) {
+        let entries: Vec<Arc<Entry>> = self.registered(of).collect();
         for entry in entries {
             let generation = {
                 let state = entry.state.lock();
@@ -364,7 +364,7 @@ impl Holds {
     /// each field a kind makes of it), if this client has any, are never handed on in memory.
     /// A scan of the registry: an owner is read from a lock handle rarely.
     pub(crate) fn give_out(&self, key: &str, owner: &str) {
-        for entry in self.of_key(key) {
+        for entry in self.registered(|k| k == key) {
             let of_owner = entry
                 .field
                 .strip_prefix(owner)
@@ -381,18 +381,22 @@ impl Holds {
     /// stays off the paths that do not wait.
     pub(crate) fn held_here(&self, key: &str) -> bool {
         let here = Holder::current();
-        self.of_key(key).any(|entry| {
+        self.registered(|k| k == key).any(|entry| {
             let state = entry.state.lock();
             state.guards > 0 && state.lost.is_none() && state.holder == Some(here)
         })
     }
 
-    /// The registered holds of `key`, one per field: a scan of the whole registry, for the
-    /// paths that wait or give an owner out, never for an acquire or a release.
-    fn of_key<'a>(&'a self, key: &'a str) -> impl Iterator<Item = Arc<Entry>> + 'a {
+    /// The registered holds of the keys `of` picks, one per key and field: a scan of the
+    /// whole registry, for the paths that wait, subscribe or give an owner out, never for an
+    /// acquire or a release.
+    fn registered<'a>(
+        &'a self,
+        of: impl Fn(&str) -> bool + 'a,
+    ) -> impl Iterator<Item = Arc<Entry>> + 'a {
         self.map
             .iter()
-            .filter(move |slot| *slot.value().key == *key)
+            .filter(move |slot| of(&slot.value().key))
             .map(|slot| slot.value().clone())
     }
 

@@ -266,7 +266,7 @@ impl Hub {
             group
         };
         if fresh {
-            self.holds.doubt_key(key);
+            self.holds.doubt_keys(|k| k == &**key);
         }
         Subscription {
             hub: self.clone(),
