@@ -29,6 +29,7 @@ mkdir -p "$logs"
 
 bash scripts/install-redis.sh
 bash scripts/install-node.sh   # node-redisson for tests/interop.rs, as scripts/test.sh does
+bash scripts/install-java-peer.sh   # the Java Redisson driver for tests/redisson/, as scripts/test.sh does
 
 # Build once; the build is not a run.
 echo "building the tests..."
